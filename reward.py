@@ -1,0 +1,189 @@
+"""Turn scores, discounted returns and group-normalised advantages for multi-turn rollouts.
+
+Reads trajectories written by generate.py and adds three floats to every turn:
+  score      s = correct_weight * 1{correct} + speedup_weight * speedup * 1{correct}
+  return     R_t = sum_{i>=t} gamma^(i-t) s_i           (--mode sum, the paper's choice)
+             R_t = max_{i>=t} gamma^(i-t) s_i           (--mode max, the paper's alternative)
+  advantage  (R - mean) / (std + eps) over a group of turn-samples
+
+Paper defaults: correct_weight 0.3, speedup_weight 1.0 (speedup over PyTorch eager, no clipping),
+gamma 0.4 with the discounted sum, advantages normalised over all of a task's turn-samples
+(trajectories x turns). The paper found gamma 0.8 better for the discounted max at few turns.
+
+Run:
+  python reward.py rollouts.jsonl > rewarded.jsonl
+  cat rollouts.jsonl | python reward.py - --mode max --gamma 0.8 > rewarded.jsonl
+
+Simplifications: a turn's position in its "turns" list is its turn index; trajectories of one task
+may have different numbers of turns and are pooled as they are. A group whose returns are all equal
+gets advantage 0 everywhere (it carries no learning signal).
+"""
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from typing import Iterable
+
+GROUP_BY = ("task", "task-turn", "trajectory")
+
+
+# ---------------------------------------------------------------- math
+def turn_score(result: dict, correct_weight: float = 0.3, speedup_weight: float = 1.0) -> float:
+    """Reward of one kernel (an eval record): only correct kernels earn anything, faster ones earn more."""
+    if not result["correct"]:
+        return 0.0
+    return correct_weight + speedup_weight * float(result["speedup"])
+
+
+def discounted_returns(scores: list[float], gamma: float = 0.4, mode: str = "sum") -> list[float]:
+    """R_t = sum (or max) over i >= t of gamma^(i-t) s_i, so a turn is credited for what it led to."""
+    if mode not in ("sum", "max"):
+        raise ValueError(f"mode must be 'sum' or 'max', got {mode!r}")
+    returns = [0.0] * len(scores)
+    later = None  # R_{t+1}
+    for t in reversed(range(len(scores))):
+        if later is None:
+            returns[t] = scores[t]
+        elif mode == "sum":
+            returns[t] = scores[t] + gamma * later
+        else:  # gamma >= 0, so max_{i>=t} gamma^(i-t) s_i = max(s_t, gamma * R_{t+1})
+            returns[t] = max(scores[t], gamma * later)
+        later = returns[t]
+    return returns
+
+
+def normalise(returns: list[float], eps: float = 1e-6) -> list[float]:
+    """(R - mean) / (std + eps) with the population std (divide by n, as GRPO does)."""
+    if not returns:
+        return []
+    if max(returns) == min(returns):  # exact zeros, not rounding noise divided by eps
+        return [0.0] * len(returns)
+    mean = sum(returns) / len(returns)
+    std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
+    return [(r - mean) / (std + eps) for r in returns]
+
+
+def group_key(trajectory_index: int, task: str, turn: int, group_by: str) -> tuple:
+    """Which advantage group a turn-sample falls in."""
+    if group_by == "task":
+        return (task,)
+    if group_by == "task-turn":
+        return (task, turn)
+    if group_by == "trajectory":  # by position, so ids repeated across merged files stay apart
+        return (trajectory_index,)
+    raise ValueError(f"group_by must be one of {GROUP_BY}, got {group_by!r}")
+
+
+def add_rewards(trajectories: list[dict], gamma: float = 0.4, mode: str = "sum",
+                correct_weight: float = 0.3, speedup_weight: float = 1.0,
+                group_by: str = "task", eps: float = 1e-6) -> list[dict]:
+    """Copies of the trajectories whose turns carry "score", "return" and "advantage"."""
+    out = []
+    groups = defaultdict(list)  # key -> [(trajectory index, turn index)]
+    for i, trajectory in enumerate(trajectories):
+        scores = [turn_score(turn["eval"], correct_weight, speedup_weight) for turn in trajectory["turns"]]
+        returns = discounted_returns(scores, gamma, mode)
+        turns = [{**turn, "score": s, "return": r} for turn, s, r in zip(trajectory["turns"], scores, returns)]
+        out.append({**trajectory, "turns": turns})
+        for t in range(len(turns)):
+            groups[group_key(i, trajectory["task"], t, group_by)].append((i, t))
+    for members in groups.values():
+        advantages = normalise([out[i]["turns"][t]["return"] for i, t in members], eps)
+        for (i, t), advantage in zip(members, advantages):
+            out[i]["turns"][t]["advantage"] = advantage
+    return out
+
+
+# ---------------------------------------------------------------- input
+def check_trajectory(record) -> None:
+    """Raise ValueError naming the first field that reward.py cannot use."""
+    if not isinstance(record, dict):
+        raise ValueError("expected a JSON object")
+    if not isinstance(record.get("task"), str):
+        raise ValueError('missing string field "task"')
+    if not isinstance(record.get("turns"), list):
+        raise ValueError('missing list field "turns"')
+    for t, turn in enumerate(record["turns"]):
+        ev = turn.get("eval") if isinstance(turn, dict) else None
+        if not isinstance(ev, dict) or not isinstance(ev.get("correct"), bool):
+            raise ValueError(f'turn {t}: missing "eval" with a boolean "correct"')
+        speedup = ev.get("speedup")
+        if ev["correct"] and not (isinstance(speedup, (int, float)) and math.isfinite(speedup) and speedup >= 0):
+            raise ValueError(f'turn {t}: correct but "speedup" is {speedup!r}, not a finite number >= 0')
+
+
+def read_trajectories(lines: Iterable[str], source: str) -> list[dict]:
+    """Parse JSONL trajectories; a bad line stops the run with its file name and line number."""
+    trajectories = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            check_trajectory(record)
+        except ValueError as err:  # json.JSONDecodeError is a ValueError
+            raise SystemExit(f"{source}:{number}: malformed trajectory: {err}") from None
+        trajectories.append(record)
+    return trajectories
+
+
+def load_trajectories(path: str) -> list[dict]:
+    """Read a JSONL file, or stdin for '-'."""
+    if path == "-":
+        return read_trajectories(sys.stdin, "<stdin>")
+    try:
+        with open(path) as f:
+            return read_trajectories(f, path)
+    except OSError as err:
+        raise SystemExit(f"cannot read {path}: {err.strerror}") from None
+
+
+# ---------------------------------------------------------------- summary
+def summary_table(trajectories: list[dict], group_by: str) -> str:
+    """Per turn: samples, mean score, mean return, share correct; then the zero-std group count."""
+    by_turn = defaultdict(list)
+    groups = defaultdict(list)
+    for i, trajectory in enumerate(trajectories):
+        for t, turn in enumerate(trajectory["turns"]):
+            by_turn[t].append(turn)
+            groups[group_key(i, trajectory["task"], t, group_by)].append(turn["return"])
+    lines = [f"{'turn':>4} {'samples':>8} {'mean score':>11} {'mean return':>12} {'correct':>8}"]
+    for t in sorted(by_turn):
+        turns = by_turn[t]
+        n = len(turns)
+        lines.append(f"{t:>4} {n:>8} {sum(x['score'] for x in turns) / n:>11.4f} "
+                     f"{sum(x['return'] for x in turns) / n:>12.4f} "
+                     f"{sum(x['eval']['correct'] for x in turns) / n:>8.1%}")
+    zero_std = sum(max(r) == min(r) for r in groups.values())
+    lines.append(f"groups (by {group_by}): {len(groups)}, with zero std (advantage 0): {zero_std}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("input", help="trajectory JSONL from generate.py, or - for stdin")
+    p.add_argument("--gamma", type=float, default=0.4, help="discount per turn (paper: 0.4 with sum, 0.8 with max)")
+    p.add_argument("--mode", choices=("sum", "max"), default="sum", help="discounted sum or discounted max of later scores")
+    p.add_argument("--correct-weight", type=float, default=0.3, help="score for any correct kernel")
+    p.add_argument("--speedup-weight", type=float, default=1.0, help="score per unit of speedup over eager, correct kernels only")
+    p.add_argument("--group-by", choices=GROUP_BY, default="task",
+                   help="advantage groups: all of a task's turn-samples, a task's samples at one turn, or one trajectory")
+    p.add_argument("--eps", type=float, default=1e-6, help="added to the std before dividing")
+    args = p.parse_args(argv)
+    if not 0.0 <= args.gamma <= 1.0:
+        raise SystemExit(f"--gamma must be in [0, 1], got {args.gamma}")
+    if args.eps <= 0:
+        raise SystemExit(f"--eps must be > 0, got {args.eps}")
+
+    trajectories = add_rewards(load_trajectories(args.input), args.gamma, args.mode, args.correct_weight,
+                               args.speedup_weight, args.group_by, args.eps)
+    for trajectory in trajectories:
+        sys.stdout.write(json.dumps(trajectory) + "\n")
+    print(summary_table(trajectories, args.group_by), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

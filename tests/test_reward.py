@@ -1,0 +1,181 @@
+"""reward.py: scores, both return aggregations, normalisation, grouping and the command line."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reward import add_rewards, discounted_returns, normalise, turn_score
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ev(correct: bool, speedup: float | None = None) -> dict:
+    return {"status": "correct" if correct else "incorrect", "correct": correct, "speedup": speedup}
+
+
+def trajectory(task: str, index: int, *evals: dict) -> dict:
+    return {"task": task, "trajectory": index,
+            "turns": [{"turn": t, "reply": {"text": f"reply {t}"}, "eval": e} for t, e in enumerate(evals)]}
+
+
+# Task A: trajectory 0 scores [0, 2] and trajectory 1 scores [1] with correct_weight 0.5;
+# task B never succeeds. With gamma 0.5 and the sum, A's returns are [1, 2] and [1].
+TASK_A0 = trajectory("A", 0, ev(False), ev(True, 1.5))
+TASK_A1 = trajectory("A", 1, ev(True, 0.5))
+TASK_B0 = trajectory("B", 0, ev(False), ev(False))
+SMALL = dict(gamma=0.5, correct_weight=0.5)
+
+
+def advantages(trajectories: list[dict]) -> list[list[float]]:
+    return [[turn["advantage"] for turn in t["turns"]] for t in trajectories]
+
+
+def test_turn_score_is_weighted_correctness_plus_speedup():
+    assert turn_score(ev(True, 2.0)) == pytest.approx(2.3)
+    assert turn_score(ev(True, 2.0), correct_weight=1.0, speedup_weight=0.5) == pytest.approx(2.0)
+
+
+def test_turn_score_is_zero_for_an_incorrect_kernel_whatever_its_speedup():
+    assert turn_score(ev(False)) == 0.0
+    assert turn_score(ev(False, 5.0)) == 0.0
+
+
+def test_discounted_sum_matches_hand_computation():
+    # s = [0, 1.3, 0, 2.3], gamma 0.4: R3 = 2.3, R2 = 0.92, R1 = 1.3 + 0.368, R0 = 0.4 * 1.668
+    assert discounted_returns([0, 1.3, 0, 2.3], gamma=0.4, mode="sum") == pytest.approx([0.6672, 1.668, 0.92, 2.3])
+
+
+def test_discounted_max_matches_hand_computation():
+    # R0 = max(0, 0.4 * 1.3, 0.16 * 0, 0.064 * 2.3) = 0.52
+    assert discounted_returns([0, 1.3, 0, 2.3], gamma=0.4, mode="max") == pytest.approx([0.52, 1.3, 0.92, 2.3])
+
+
+def test_discounted_max_equals_its_definition_on_every_turn():
+    scores, gamma = [0.3, 0.0, 2.5, 1.1, 0.0, 4.0], 0.8
+    expected = [max(gamma ** (i - t) * scores[i] for i in range(t, len(scores))) for t in range(len(scores))]
+    assert discounted_returns(scores, gamma, "max") == pytest.approx(expected)
+
+
+def test_gamma_zero_gives_each_turn_its_own_score():
+    assert discounted_returns([1.0, 0.0, 3.0], gamma=0.0) == [1.0, 0.0, 3.0]
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="mode"):
+        discounted_returns([1.0], mode="mean")
+
+
+def test_normalise_uses_population_std():
+    # mean 1, population std 1 (the sample std would be sqrt 2)
+    assert normalise([0.0, 2.0], eps=0.0) == pytest.approx([-1.0, 1.0])
+    assert normalise([0.0, 2.0], eps=1e-6) == pytest.approx([-1 / 1.000001, 1 / 1.000001], rel=1e-12)
+
+
+def test_normalise_matches_hand_computation_on_four_values():
+    # mean 2.5, variance 1.25
+    s = math.sqrt(1.25)
+    assert normalise([1.0, 2.0, 3.0, 4.0], eps=0.0) == pytest.approx([-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s])
+
+
+def test_normalise_gives_exact_zeros_when_all_returns_are_equal():
+    assert normalise([0.1, 0.1, 0.1]) == [0.0, 0.0, 0.0]
+    assert normalise([7.0]) == [0.0]
+
+
+def test_group_by_task_pools_trajectories_of_different_lengths():
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], **SMALL, group_by="task")
+    assert [[t["score"] for t in x["turns"]] for x in out] == [[0.0, 2.0], [1.0], [0.0, 0.0]]
+    assert [[t["return"] for t in x["turns"]] for x in out] == [[1.0, 2.0], [1.0], [0.0, 0.0]]
+    # task A returns [1, 2, 1]: mean 4/3, population std sqrt(2)/3, eps 1e-6
+    std = math.sqrt(2) / 3 + 1e-6
+    assert advantages(out)[:2] == [pytest.approx([-1 / 3 / std, 2 / 3 / std]), pytest.approx([-1 / 3 / std])]
+    assert advantages(out)[2] == [0.0, 0.0]  # task B: a zero-std group
+
+
+def test_group_by_task_turn_normalises_each_turn_apart():
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], **SMALL, group_by="task-turn")
+    # A turn 0: returns [1, 1]; A turn 1: one sample; B: all zero -> every group has zero std
+    assert advantages(out) == [[0.0, 0.0], [0.0], [0.0, 0.0]]
+
+
+def test_group_by_trajectory_normalises_within_each_trajectory():
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], **SMALL, group_by="trajectory")
+    # trajectory 0 returns [1, 2]: mean 1.5, population std 0.5
+    half = 0.5 / (0.5 + 1e-6)
+    assert advantages(out) == [pytest.approx([-half, half]), [0.0], [0.0, 0.0]]
+
+
+def test_add_rewards_with_discounted_max():
+    out = add_rewards([TASK_A0], gamma=0.5, mode="max", correct_weight=0.5)
+    assert [t["return"] for t in out[0]["turns"]] == [1.0, 2.0]  # max(0, 0.5 * 2), 2
+
+
+def test_add_rewards_keeps_other_fields_and_leaves_its_input_unchanged():
+    out = add_rewards([TASK_A0])
+    assert out[0]["turns"][0]["reply"] == {"text": "reply 0"}
+    assert out[0]["trajectory"] == 0
+    assert "score" not in TASK_A0["turns"][0]
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "reward.py"), *args], input=stdin,
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+def test_cli_round_trip_writes_rewards_and_a_summary(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in (TASK_A0, TASK_A1, TASK_B0)))
+    result = run_cli(str(path), "--gamma", "0.5", "--correct-weight", "0.5")
+    assert result.returncode == 0, result.stderr
+    out = [json.loads(line) for line in result.stdout.splitlines()]
+    assert out == add_rewards([TASK_A0, TASK_A1, TASK_B0], **SMALL)
+    # turn 0: scores [0, 1, 0], returns [1, 1, 0], 1 of 3 correct; turn 1: scores [2, 0], 1 of 2 correct
+    assert "   0        3      0.3333       0.6667    33.3%" in result.stderr
+    assert "   1        2      1.0000       1.0000    50.0%" in result.stderr
+    assert "groups (by task): 2, with zero std (advantage 0): 1" in result.stderr
+
+
+def test_cli_reads_stdin_and_honours_mode_and_group_by():
+    result = run_cli("-", "--gamma", "0.5", "--correct-weight", "0.5", "--mode", "max", "--group-by", "trajectory",
+                     stdin=json.dumps(TASK_A0) + "\n\n")
+    assert result.returncode == 0, result.stderr
+    (out,) = [json.loads(line) for line in result.stdout.splitlines()]
+    half = 0.5 / (0.5 + 1e-6)  # returns [1, 2]: mean 1.5, population std 0.5
+    assert [(t["return"], t["advantage"]) for t in out["turns"]] == [(1.0, pytest.approx(-half)), (2.0, pytest.approx(half))]
+
+
+def test_cli_names_the_line_of_invalid_json(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(TASK_A0) + "\n{not json\n")
+    result = run_cli(str(path))
+    assert result.returncode != 0
+    assert f"{path}:2: malformed trajectory" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_cli_names_the_line_and_turn_of_a_correct_kernel_without_speedup(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(trajectory("A", 0, ev(False), ev(True, None))) + "\n")
+    result = run_cli(str(path))
+    assert result.returncode != 0
+    assert f"{path}:1: malformed trajectory: turn 1: correct but \"speedup\" is None" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_reports_a_missing_file_in_one_line(tmp_path):
+    result = run_cli(str(tmp_path / "absent.jsonl"))
+    assert result.returncode != 0
+    assert result.stderr.strip().startswith("cannot read")
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_help_lists_every_flag():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for flag in ("--gamma", "--mode", "--correct-weight", "--speedup-weight", "--group-by", "--eps"):
+        assert flag in result.stdout
