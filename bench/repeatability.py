@@ -1,0 +1,51 @@
+"""Is a speedup a property of the kernel or of the moment? Evaluate the correct hand-written kernels in
+solutions/<device>/ in two separate runs (fresh worker processes each time) and compare the speedups.
+
+    python bench/repeatability.py            # on the GPU machine
+    python bench/repeatability.py --runs 3 --out repeat.json
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import evaluate as ev  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    p.add_argument("--runs", type=int, default=2, help="separate evaluation runs to compare")
+    p.add_argument("--max-spread", type=float, default=0.05, help="largest relative spread counted as repeatable")
+    p.add_argument("--out", help="write every number to this JSON file")
+    args = p.parse_args()
+
+    kind, _ = ev.resolve_device(ev.EvalConfig(device=args.device))
+    records = [r for r in ev.library_records(kind) if ".correct_" in r["solution"]]
+    tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
+    runs = [ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks)) for _ in range(args.runs)]
+
+    print("| kernel | " + " | ".join(f"speedup run {i + 1}" for i in range(args.runs)) + " | spread |")
+    print("|---|" + "---|" * (args.runs + 1))
+    rows, worst = [], 0.0
+    for i, record in enumerate(records):
+        speedups = [run[i]["speedup"] for run in runs]
+        if None in speedups:
+            print(f"| {record['solution']} | " + " | ".join(run[i]["status"] for run in runs) + " | - |")
+            worst = float("inf")
+            continue
+        spread = (max(speedups) - min(speedups)) / min(speedups)
+        worst = max(worst, spread)
+        rows.append({"solution": record["solution"], "speedups": speedups, "spread": spread,
+                     "runtime_ms": [run[i]["runtime_ms"] for run in runs],
+                     "ref_runtime_ms": [run[i]["ref_runtime_ms"] for run in runs]})
+        print(f"| {record['solution']} | " + " | ".join(f"{s:.3f}x" for s in speedups) + f" | {spread:.1%} |")
+    print(f"\nlargest spread: {worst:.1%} ({'within' if worst < args.max_spread else 'OVER'} "
+          f"{args.max_spread:.0%}) over {len(records)} kernels")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": kind, "kernels": rows, "largest_spread": worst}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

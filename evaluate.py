@@ -1,0 +1,867 @@
+"""Compile, check and time candidate kernels against a task's PyTorch reference.
+
+A candidate is a Python module defining `ModelNew` whose work is done by native code it builds with
+`torch.utils.cpp_extension.load_inline` (CUDA on a GPU; C++ with `--device cpu`, so the whole pipeline
+also runs where no GPU exists). Each candidate gets a status, a speedup and the feedback text the model
+reads on its next turn (the five kinds of the Kevin paper, plus `rejected` and `timeout`).
+
+Pipeline, per call of `evaluate(records)`:
+  1. parse: the last fenced code block of a reply (or the record's code as is); the paper's static rules
+     (no try/except, no `pass`, no torch.nn layers / functional / torch compute ops, a native kernel).
+  2. build: every distinct candidate is imported in a child process from a pool sized to the cores;
+     `load_inline` is redirected to a build folder named by the hash of its arguments, so an extension
+     that appears in many candidates (a GRPO group, a later turn) is compiled once and reused.
+  3. run: per GPU, one fresh child process per candidate: correctness on `--correct-trials` fresh random
+     input sets (candidate first, then the reference, each on its own clone of the inputs; shape, dtype,
+     NaN/Inf and tolerance checks), then candidate and reference timed alternately in the same process
+     (warm-up, L2 flush before each trial, CUDA events closed after a device-wide synchronize, median).
+  A crash, illegal memory access, `sys.exit` or hang kills only that child; the result says so.
+
+Defaults follow the KernelBench version Kevin used (atol = rtol = 1e-2, seed 42 before building each
+model so parameters made the same way match); where the paper is silent (number of correctness inputs,
+timing protocol) the choices are flags documented in the README.
+
+Usage:
+  python evaluate.py IN.jsonl > OUT.jsonl        # records with `task` and `code`; `-` reads stdin
+  python evaluate.py IN.jsonl -o OUT.jsonl       # appends as results finish; a re-run resumes
+  python evaluate.py                              # the hand-written kernels in solutions/, GPU if any
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import inspect
+import json
+import math
+import multiprocessing as mp
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
+
+
+@dataclass
+class EvalConfig:
+    device: str = "auto"
+    """'cuda' (CUDA candidates, one worker per GPU), 'cpu' (C++ candidates) or 'auto' (cuda if visible)"""
+    gpus: list[int] | None = None
+    """GPU indices to spread candidates over; None = every visible GPU"""
+    tasks: str = str(ROOT / "tasks")
+    """task folder (or KernelBench level folder) that task ids are resolved against"""
+    correct_trials: int = 5
+    """fresh random input sets the candidate must match the reference on"""
+    atol: float = 1e-2
+    """absolute tolerance (KernelBench as used by Kevin: 1e-2)"""
+    rtol: float = 1e-2
+    """relative tolerance"""
+    timing_trials: int = 100
+    """timed runs per model (fewer if --timing-budget-s runs out first, never fewer than 10)"""
+    timing_budget_s: float = 10.0
+    """wall-clock budget for the timed runs of one candidate and its reference together"""
+    warmup: int = 3
+    """untimed runs per model before timing"""
+    compile_baseline: bool = False
+    """also time torch.compile(Model) and report speedup_vs_compile"""
+    seed: int = 42
+    """seed set before get_init_inputs and before building each model (KernelBench's convention)"""
+    compile_workers: int = os.cpu_count() or 1
+    """candidates built at once"""
+    compile_timeout_s: float = 900.0
+    """wall-clock limit for building one candidate"""
+    run_timeout_s: float = 180.0
+    """wall-clock limit for checking and timing one candidate (KernelBench's batch scripts: 180 s)"""
+    build_dir: str = str(ROOT / ".cache" / "builds")
+    """where extensions are built, one folder per distinct extension (kept: a cache across runs)"""
+    progress: bool = True
+    """show a tqdm bar"""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tasks
+
+def load_tasks(path: str | Path) -> dict[str, Path]:
+    """Task id -> file for a task file, a folder of them, or a KernelBench level folder, unchanged.
+
+    Ids are `<parent folder>/<file stem>` (e.g. `level1/19_ReLU`), stable wherever the folder lives."""
+    path = Path(path)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*.py") if not p.name.startswith(("_", ".")))
+    else:
+        raise SystemExit(f"error: no task file or folder at {path}")
+    tasks = {}
+    for f in files:
+        text = f.read_text(errors="replace")
+        if "class Model" in text and "def get_inputs" in text:
+            tasks[f"{f.parent.name}/{f.stem}"] = f.resolve()
+    return tasks
+
+
+def resolve_task(task: str, index: dict[str, Path]) -> Path:
+    if task in index:
+        return index[task]
+    if Path(task).is_file():
+        return Path(task).resolve()
+    raise ValueError(f"unknown task {task!r}: neither a task id under the task folder nor a file")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parsing and the static rules
+
+FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(reply: str) -> str | None:
+    """The candidate in a reply: its last fenced Python (or untagged) block, else its last block.
+
+    A text without any fence that mentions ModelNew is taken as source code as it is."""
+    blocks = FENCE.findall(reply)
+    if not blocks:
+        return reply if "```" not in reply and "ModelNew" in reply else None
+    python = [body for lang, body in blocks if lang.lower() in ("", "python", "py", "python3")]
+    return (python or [blocks[-1][1]])[-1]
+
+
+# torch.nn names a solution may use: the module system, parameters, containers and init.
+ALLOWED_NN = {"Module", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict",
+              "Sequential", "init", "Buffer"}
+# torch.* calls a solution may make: allocation, random init, dtypes/devices and the extension builder.
+ALLOWED_TORCH_CALLS = {
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+    "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "arange", "tensor",
+    "as_tensor", "from_numpy", "manual_seed", "device", "dtype", "Size", "Tensor", "no_grad",
+    "inference_mode", "is_tensor", "get_default_dtype", "set_grad_enabled", "is_grad_enabled",
+    "is_floating_point",
+}
+ALLOWED_TORCH_NAMESPACES = ("torch.cuda", "torch.utils.cpp_extension", "torch.nn.init", "torch.backends")
+BANNED_IMPORTS = {"threading": "threads", "multiprocessing": "processes", "concurrent": "threads",
+                  "asyncio": "an event loop", "subprocess": "subprocesses", "ctypes": "ctypes"}
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    """`nn.functional.relu` -> `torch.nn.functional.relu`, through the module's import aliases."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in aliases:
+        return None
+    return ".".join([aliases[node.id], *reversed(parts)])
+
+
+def static_check(code: str, device: str) -> tuple[str, str] | None:
+    """(status, feedback) if the source breaks a rule, else None. Cheap: no import, no build."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        return "compile_error", f"Python syntax error on line {e.lineno}: {e.msg}"
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    if "ModelNew" not in classes:
+        return "format_error", "The code defines no `class ModelNew(torch.nn.Module)`."
+    aliases: dict[str, str] = {"torch": "torch"}
+    violations: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                if a.name.startswith("torch.nn.functional"):
+                    violations.append("imports torch.nn.functional (not allowed)")
+                if a.name.split(".")[0] in BANNED_IMPORTS:
+                    violations.append(f"imports {a.name} ({BANNED_IMPORTS[a.name.split('.')[0]]} are not allowed)")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+            if node.module.startswith("torch.nn.functional") or (
+                    node.module == "torch.nn" and any(a.name == "functional" for a in node.names)):
+                violations.append("imports torch.nn.functional (not allowed)")
+            if node.module.split(".")[0] in BANNED_IMPORTS:
+                violations.append(f"imports {node.module} ({BANNED_IMPORTS[node.module.split('.')[0]]} are not allowed)")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            violations.append(f"line {node.lineno}: try/except is not allowed (no fallback paths)")
+        elif isinstance(node, ast.Pass):
+            violations.append(f"line {node.lineno}: `pass` is not allowed")
+        elif isinstance(node, (ast.Attribute, ast.Name)):
+            name = _dotted(node, aliases)
+            if name and name.startswith("torch.nn.") and not name.startswith("torch.nn.init"):
+                member = name.split(".")[2]
+                if member == "functional":
+                    violations.append(f"line {node.lineno}: torch.nn.functional ({name}) is not allowed")
+                elif member not in ALLOWED_NN and member[:1].isupper():
+                    violations.append(f"line {node.lineno}: torch.nn.{member} is not allowed "
+                                      "(only Module, Parameter, containers and init)")
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func, aliases)
+            if (name and name.startswith("torch.") and not name.startswith(ALLOWED_TORCH_NAMESPACES)
+                    and not name.startswith("torch.nn.") and name.split(".")[1] not in ALLOWED_TORCH_CALLS):
+                violations.append(f"line {node.lineno}: the PyTorch op {name}() is not allowed: "
+                                  "the work must be done by your own kernel")
+    bases = {_dotted(b, {**aliases, "Model": "Model"}) or "" for b in classes["ModelNew"].bases}
+    if "Model" in bases or any(b.endswith(".Model") for b in bases):
+        violations.append("ModelNew must not subclass the reference Model")
+    if "load_inline" not in code:
+        violations.append("no native kernel: build one with torch.utils.cpp_extension.load_inline")
+    elif device == "cuda" and "__global__" not in code:
+        violations.append("no CUDA kernel: cuda_sources must define a __global__ kernel")
+    if violations:
+        unique = list(dict.fromkeys(violations))
+        return "rejected", "Rejected by the rules:\n" + "\n".join(f"- {v}" for v in unique[:10])
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Child processes: building and running happen in fresh processes forked from a server that has
+# already imported torch, so a crash, a hang or a poisoned CUDA context costs one child, not the run.
+
+_CONTEXT = None
+
+
+def _mp_context():
+    """Children fork from a server process that has imported torch but never touches CUDA, whatever
+    the caller has done, so each starts in milliseconds instead of re-importing torch (~5 s on the H200
+    machine). Only `torch` is preloaded: once torch.utils.cpp_extension is imported, torch's CUDA build
+    refuses CUDA to forked children ("Cannot re-initialize CUDA in forked subprocess")."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch"])
+    return _CONTEXT
+
+
+def _content_addressed_load_inline(build_root: str):
+    """Wrap load_inline so that each distinct extension is built once in a folder named by its inputs."""
+    import torch
+    import torch.utils.cpp_extension as cpp_ext
+
+    original = cpp_ext.load_inline
+    signature = inspect.signature(original)
+
+    def load_inline(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if bound.arguments.get("build_directory") is None:
+            key = repr(sorted((k, v) for k, v in bound.arguments.items() if k != "verbose"))
+            key += torch.__version__ + os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+            folder = Path(build_root) / hashlib.sha256(key.encode()).hexdigest()[:20]
+            folder.mkdir(parents=True, exist_ok=True)
+            lock = folder / "lock"  # left behind by a build that was killed: older than any live build
+            if lock.exists() and time.time() - lock.stat().st_mtime > float(os.environ["KEVIN_STALE_LOCK_S"]):
+                lock.unlink(missing_ok=True)
+            bound.arguments["build_directory"] = str(folder)
+        return original(*bound.args, **bound.kwargs)
+
+    cpp_ext.load_inline = load_inline
+
+
+def _import_candidate(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"candidate_{Path(path).parent.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _import_task(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reference_task", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _child_entry(conn, job: str, payload: dict, env: dict, log_path: str):
+    """Runs in the child: own process group, output to a log, result (a dict) back through `conn`."""
+    os.setpgrp()
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # a print loop cannot fill the disk
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ.update(env)
+    try:
+        _content_addressed_load_inline(env["KEVIN_BUILD_ROOT"])
+        result = _build(payload) if job == "build" else _run(payload)
+    except BaseException as e:  # noqa: BLE001 - everything a candidate raises is a result, SystemExit too
+        result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    conn.send(result)
+    conn.close()
+
+
+def _build(payload: dict) -> dict:
+    start = time.perf_counter()
+    _import_candidate(payload["candidate"])
+    return {"seconds": time.perf_counter() - start}
+
+
+def run_in_child(job: str, payload: dict, env: dict, timeout_s: float, log_path: str) -> dict:
+    """Run `job` in a fresh child; {'timeout': True}, {'crash': ...} or the child's own result dict."""
+    ctx = _mp_context()
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child_entry, args=(sender, job, payload, env, log_path), daemon=True)
+    child.start()
+    sender.close()
+    result = None
+    try:
+        if receiver.poll(timeout_s):
+            result = receiver.recv()
+    except (EOFError, OSError):
+        result = None
+    finally:
+        receiver.close()
+        child.join(timeout=5 if result is not None else 0.5)
+        if child.is_alive() or result is None:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # the child and anything it started (ninja, nvcc)
+            except (ProcessLookupError, PermissionError):
+                pass
+            child.join()
+    if result is not None:
+        return result
+    if child.exitcode in (-signal.SIGKILL, None) or child.exitcode == 0:
+        return {"timeout": True}
+    return {"crash": _describe_exit(child.exitcode), "log": _tail(log_path)}
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"the process was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the process was killed by signal {-code}"
+    return f"the process exited with code {code}"
+
+
+def _tail(path: str, limit: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# ----------------------------------------------------------------------------------------------------
+# The check and the timing, inside the run child
+
+
+def _flatten(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _compare(candidate, reference, atol: float, rtol: float) -> tuple[str | None, float]:
+    """(why it is wrong, or None; max |difference|) for one trial's outputs."""
+    import torch
+
+    cand, ref = _flatten(candidate), _flatten(reference)
+    if len(cand) != len(ref):
+        return f"expected {len(ref)} outputs, got {len(cand)}", math.inf
+    worst = 0.0
+    for i, (c, r) in enumerate(zip(cand, ref)):
+        where = f"output {i}: " if len(ref) > 1 else ""
+        if not isinstance(r, torch.Tensor):
+            r = torch.as_tensor(r)
+        if not isinstance(c, torch.Tensor):
+            return f"{where}expected a tensor, got {type(c).__name__}", math.inf
+        if c.shape != r.shape:
+            return f"{where}shape mismatch: expected {tuple(r.shape)}, got {tuple(c.shape)}", math.inf
+        if c.dtype != r.dtype:
+            return f"{where}dtype mismatch: expected {r.dtype}, got {c.dtype}", math.inf
+        if c.device != r.device:
+            return f"{where}device mismatch: expected {r.device}, got {c.device}", math.inf
+        c, r = c.detach().double(), r.detach().double()
+        bad = ~torch.isfinite(c) & torch.isfinite(r)
+        if bad.any():
+            return f"{where}{int(bad.sum())} NaN/Inf values where the reference is finite", math.inf
+        finite = torch.isfinite(r)
+        diff = (c - r).abs()[finite]
+        worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
+        if not torch.allclose(c, r, atol=atol, rtol=rtol, equal_nan=True):
+            tol = (atol + rtol * r.abs())[finite]
+            n_bad = int((diff > tol).sum())
+            return (f"{where}{n_bad} of {r.numel()} values differ beyond atol={atol}, rtol={rtol} "
+                    f"(max abs difference {float(diff.max()):.4g})"), worst
+    return None, worst
+
+
+def _run(payload: dict) -> dict:
+    """Build both models, check the candidate on fresh inputs, then time both alternately."""
+    import torch
+
+    times = {}
+    device = torch.device(payload["device"])
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    # Taken before the candidate is imported, so that a candidate patching them is caught below.
+    trusted = (torch.allclose, torch.cuda.synchronize, torch.cuda.Event.elapsed_time, time.perf_counter)
+
+    start = time.perf_counter()
+    task = _import_task(payload["task"])
+    candidate = _import_candidate(payload["candidate"])
+    torch.manual_seed(payload["seed"])
+    init_inputs = task.get_init_inputs()
+    torch.manual_seed(payload["seed"])
+    reference = task.Model(*init_inputs).to(device).eval()
+    torch.manual_seed(payload["seed"])
+    try:
+        model = candidate.ModelNew(*init_inputs).to(device).eval()
+    except Exception as e:  # a candidate whose constructor fails is a runtime error, not a harness error
+        return {"stage": "init", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    times["load"] = time.perf_counter() - start
+
+    def make_inputs(seed: int) -> list:
+        torch.manual_seed(seed)
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
+
+    def clone(inputs: list) -> list:
+        return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    worst = 0.0
+    with torch.no_grad():
+        for trial in range(payload["correct_trials"]):
+            inputs = make_inputs(payload["seed"] + 1 + trial)
+            stage = "candidate"
+            try:
+                out = model(*clone(inputs))  # the candidate runs first: no reference result to inherit
+                sync()
+            except Exception as e:
+                return {"stage": stage, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            expected = reference(*clone(inputs))
+            sync()
+            why, diff = _compare(out, expected, payload["atol"], payload["rtol"])
+            worst = max(worst, diff)
+            if why:
+                return {"incorrect": f"trial {trial + 1} of {payload['correct_trials']}: {why}",
+                        "max_abs_diff": diff, "times": times}
+            del out, expected, inputs
+    times["correctness"] = time.perf_counter() - start
+    if (torch.allclose, torch.cuda.synchronize, torch.cuda.Event.elapsed_time, time.perf_counter) != trusted:
+        return {"rejected": "the candidate replaced a timing or checking function (timer, synchronize or allclose)"}
+
+    start = time.perf_counter()
+    models = {"candidate": model, "reference": reference}
+    if payload["compile_baseline"]:
+        models["compiled"] = torch.compile(reference)
+    timing_inputs = [make_inputs(payload["seed"] + 1000 + i) for i in range(2)]
+    flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=device) if cuda else None
+
+    def timed(fn, inputs) -> float:
+        args = clone(inputs)  # a new buffer every trial: results cannot be cached by pointer
+        if cuda:
+            flush.zero_()  # evict the inputs and last results from L2
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn(*args)
+            torch.cuda.synchronize()  # device-wide: work left on side streams is counted
+            end.record()
+            end.synchronize()
+            return begin.elapsed_time(end)
+        begin = time.perf_counter()
+        fn(*args)
+        return (time.perf_counter() - begin) * 1e3
+
+    samples = {name: [] for name in models}
+    with torch.no_grad():
+        for name, fn in models.items():
+            for i in range(payload["warmup"]):
+                timed(fn, timing_inputs[i % 2])
+        deadline = time.perf_counter() + payload["timing_budget_s"]
+        for trial in range(payload["timing_trials"]):
+            for name, fn in models.items():  # alternate, so that clock drift hits both alike
+                samples[name].append(timed(fn, timing_inputs[trial % 2]))
+            if trial + 1 >= 10 and time.perf_counter() > deadline:
+                break
+    times["timing"] = time.perf_counter() - start
+    medians = {name: sorted(s)[len(s) // 2] for name, s in samples.items()}
+    return {"medians": medians, "trials": len(samples["candidate"]), "max_abs_diff": worst, "times": times}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Feedback
+
+
+def trim_compiler_output(text: str, build_root: str, max_lines: int = 30) -> str:
+    """The compiler's own error lines with a little context; no ninja command lines, no build paths."""
+    text = re.sub(r"^.*?Error building extension '[^']*':", "", text.replace(build_root, "<build>"))
+    text = re.sub(r"<build>/[0-9a-f]{20}/", "", text)
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("[", "FAILED:", "ninja:"))
+             and not re.match(r"^\s*(/\S*)?(c\+\+|g\+\+|gcc|nvcc|clang\+\+)\s", ln)]
+    keep = set()
+    for i, line in enumerate(lines):
+        if re.search(r"\berror\b|Error", line):
+            keep.update(range(i, min(i + 3, len(lines))))
+    picked = [lines[i] for i in sorted(keep)] or lines[-max_lines:]
+    if len(picked) > max_lines:
+        picked = picked[:max_lines] + [f"... ({len(picked) - max_lines} more lines)"]
+    return "\n".join(picked)[:4000]
+
+
+def _last_frames(tb: str, candidate_path: str, limit: int = 6) -> str:
+    """The traceback lines that point into the candidate's own code, which the model can act on."""
+    lines = tb.splitlines()
+    keep = []
+    for i, line in enumerate(lines):
+        if candidate_path in line:
+            keep += [line.replace(candidate_path, "solution.py").strip()] + [lines[i + 1].strip()][: i + 1 < len(lines)]
+    return "\n".join(keep[-limit:])
+
+
+def _first_lines(message: str, n: int = 4) -> str:
+    lines = [ln for ln in message.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if "CUDA_LAUNCH_BLOCKING" not in ln and "TORCH_USE_CUDA_DSA" not in ln
+             and "asynchronously reported" not in ln]
+    return "\n".join(lines[:n])[:1500]
+
+
+def make_result(status: str, feedback: str, **fields) -> dict:
+    result = {"status": status, "compiled": status in ("runtime_error", "incorrect", "correct"),
+              "correct": status == "correct", "runtime_ms": None, "ref_runtime_ms": None, "speedup": None,
+              "max_abs_diff": None, "feedback": feedback, "time_s": {}}
+    result.update(fields)
+    return result
+
+
+def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s: float) -> dict:
+    """Turn what a build or run child sent back into an eval record with the text the model reads."""
+    if outcome.get("timeout"):
+        return make_result("timeout", f"Timeout: the kernel did not finish within {timeout_s:.0f} s "
+                           "(an infinite loop, a deadlock, or far too slow).")
+    if "crash" in outcome:
+        log = _first_lines("\n".join(ln for ln in outcome.get("log", "").splitlines()
+                                     if re.search(r"error|Error|fault|abort|Abort", ln)))
+        return make_result("runtime_error", f"Runtime error: {outcome['crash']}." + (f"\n{log}" if log else ""))
+    if "rejected" in outcome:
+        return make_result("rejected", f"Rejected by the rules:\n- {outcome['rejected']}")
+    if "incorrect" in outcome:
+        return make_result("incorrect", f"Incorrect output: {outcome['incorrect']}.",
+                           max_abs_diff=outcome["max_abs_diff"], time_s=outcome["times"])
+    if "error" in outcome:
+        frames = _last_frames(outcome.get("traceback", ""), candidate_path)
+        message = _first_lines(outcome["error"])
+        return make_result("runtime_error", f"Runtime error: {message}" + (f"\n{frames}" if frames else ""))
+    medians = outcome["medians"]
+    cand, ref = medians["candidate"], medians["reference"]
+    speedup = ref / cand if cand > 0 else math.inf
+    extra = {}
+    if "compiled" in medians:
+        extra = {"compile_ref_runtime_ms": medians["compiled"], "speedup_vs_compile": medians["compiled"] / cand}
+    return make_result(
+        "correct",
+        f"Correct. Your kernel runs in {cand:.4g} ms against {ref:.4g} ms for the PyTorch reference: "
+        f"a speedup of {speedup:.2f}x. It can be made faster.",
+        runtime_ms=cand, ref_runtime_ms=ref, speedup=speedup, max_abs_diff=outcome["max_abs_diff"],
+        time_s=outcome["times"], timing_trials=outcome["trials"], **extra)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The scheduler
+
+
+def _cuda_arch_list() -> str | None:
+    """Compute capability of the visible GPUs, read without touching CUDA in this process."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return ";".join(sorted(set(out))) or None
+
+
+def resolve_device(cfg: EvalConfig) -> tuple[str, list[str]]:
+    """('cuda' or 'cpu', the torch devices that run candidates, one worker each)."""
+    import torch
+
+    kind = cfg.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.device_count() > 0 else "cpu"
+    if kind == "cpu":
+        return "cpu", ["cpu"]
+    if kind != "cuda":
+        raise SystemExit(f"error: --device must be cuda, cpu or auto, not {kind!r}")
+    count = torch.cuda.device_count()
+    gpus = cfg.gpus if cfg.gpus is not None else list(range(count))
+    if not gpus or any(g < 0 or g >= count for g in gpus):
+        raise SystemExit(f"error: asked for GPUs {gpus} but {count} are visible")
+    return "cuda", [f"cuda:{g}" for g in gpus]
+
+
+def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None) -> list[dict]:
+    """Evaluate many candidates at once; returns one eval dict per record, in order.
+
+    Each record has `task` (an id under cfg.tasks, or a task file) and `code` (a candidate or a whole
+    reply). `on_result(index, result)` is called as each finishes. Identical (task, code) pairs are
+    evaluated once and share the result."""
+    cfg = cfg or EvalConfig()
+    kind, devices = resolve_device(cfg)
+    index = load_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
+    build_root = str(Path(cfg.build_dir).resolve())
+    Path(build_root).mkdir(parents=True, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="eval-", dir=build_root)
+    env = {"KEVIN_BUILD_ROOT": build_root, "KEVIN_STALE_LOCK_S": str(cfg.compile_timeout_s + 60),
+           "TORCH_EXTENSIONS_DIR": build_root}
+    if kind == "cuda":
+        arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or _cuda_arch_list()
+        if arch:
+            env["TORCH_CUDA_ARCH_LIST"] = arch
+    results: list[dict | None] = [None] * len(records)
+    lock = threading.Lock()
+    progress = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        progress = tqdm(total=len(records), desc=f"evaluate ({kind} x{len(devices)})", file=sys.stderr)
+
+    def finish(indices: list[int], result: dict, started: float):
+        result["time_s"] = {**result.get("time_s", {}), "total": round(time.perf_counter() - started, 3)}
+        with lock:
+            for i in indices:
+                results[i] = dict(result, time_s=dict(result["time_s"]))
+                if on_result:
+                    on_result(i, results[i])
+            if progress:
+                progress.update(len(indices))
+
+    # 1. parse and apply the static rules; group identical (task, code) pairs
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, record in enumerate(records):
+        started = time.perf_counter()
+        try:
+            task_path = str(resolve_task(str(record["task"]), index))
+        except (KeyError, ValueError) as e:
+            finish([i], make_result("format_error", f"Bad record: {e}"), started)
+            continue
+        code = extract_code(str(record.get("code") or ""))
+        if not code or not code.strip():
+            finish([i], make_result("format_error", "Format error: the reply has no complete fenced code "
+                                    "block with the solution (```python ... ```)."), started)
+            continue
+        verdict = static_check(code, kind)
+        if verdict:
+            finish([i], make_result(*verdict), started)
+            continue
+        groups.setdefault((task_path, code), []).append(i)
+
+    # 2. build every distinct candidate in the pool; 3. queue each built one for a device worker
+    ready: queue.Queue = queue.Queue()
+    jobs = []
+    for n, ((task_path, code), indices) in enumerate(groups.items()):
+        folder = Path(workdir) / f"c{n:05d}"
+        folder.mkdir()
+        (folder / "solution.py").write_text(code)
+        jobs.append((task_path, str(folder / "solution.py"), indices))
+
+    def build(job):
+        task_path, candidate, indices = job
+        started = time.perf_counter()
+        build_env = dict(env, CUDA_VISIBLE_DEVICES="") if "TORCH_CUDA_ARCH_LIST" in env else env
+        outcome = run_in_child("build", {"candidate": candidate}, build_env, cfg.compile_timeout_s,
+                               str(Path(candidate).with_name("build.log")))
+        if outcome.get("timeout"):
+            finish(indices, make_result("timeout", f"Timeout: building took longer than "
+                                        f"{cfg.compile_timeout_s:.0f} s."), started)
+        elif "crash" in outcome or "error" in outcome:
+            message = outcome.get("error") or outcome["crash"] + "\n" + outcome.get("log", "")
+            if "Error building extension" in message:
+                message = "Compilation failed:\n" + trim_compiler_output(message, build_root)
+            else:
+                message = "Loading the module failed: " + _first_lines(message) + "\n" + \
+                          _last_frames(outcome.get("traceback", ""), candidate)
+            finish(indices, make_result("compile_error", message.strip()), started)
+        else:
+            ready.put((job, started, outcome["seconds"]))
+
+    def device_worker(device: str):
+        while (item := ready.get()) is not None:
+            (task_path, candidate, indices), started, build_s = item
+            payload = {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
+                       "correct_trials": cfg.correct_trials, "atol": cfg.atol, "rtol": cfg.rtol,
+                       "timing_trials": cfg.timing_trials, "timing_budget_s": cfg.timing_budget_s,
+                       "warmup": cfg.warmup, "compile_baseline": cfg.compile_baseline}
+            outcome = run_in_child("run", payload, env, cfg.run_timeout_s,
+                                   str(Path(candidate).with_name("run.log")))
+            result = build_feedback(outcome, build_root=build_root, candidate_path=candidate,
+                                    timeout_s=cfg.run_timeout_s)
+            result["time_s"] = {"compile": round(build_s, 3),
+                                **{k: round(v, 3) for k, v in result["time_s"].items()}}
+            finish(indices, result, started)
+
+    workers = [threading.Thread(target=device_worker, args=(d,), daemon=True) for d in devices]
+    for w in workers:
+        w.start()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, cfg.compile_workers)) as pool:
+            list(pool.map(build, jobs))
+        for _ in workers:
+            ready.put(None)
+        for w in workers:
+            w.join()
+    finally:
+        if progress:
+            progress.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------
+# Command line
+
+
+def summary_table(evals: list[dict], records: list[dict]) -> str:
+    """One row per candidate (for small runs), counts per status, then speedups over the correct ones."""
+    lines = []
+    if len(evals) <= 40:
+        lines += ["| candidate | status | speedup | runtime ms | eager ms |", "|---|---|---|---|---|"]
+        for record, e in zip(records, evals):
+            name = record.get("solution") or record["task"]
+            fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else "-"  # noqa: E731
+            lines.append(f"| {name} | {e['status']} | {fmt(e['speedup'])} | {fmt(e['runtime_ms'])} "
+                         f"| {fmt(e['ref_runtime_ms'])} |")
+        lines.append("")
+    counts = {s: sum(e["status"] == s for e in evals) for s in STATUSES}
+    speedups = [e["speedup"] for e in evals if e["correct"]]
+    lines += ["| status | count |", "|---|---|"] + [f"| {s} | {n} |" for s, n in counts.items() if n]
+    geomean = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else float("nan")
+    lines += [f"| **total** | {len(evals)} |", "",
+              f"correct: {len(speedups)}/{len(evals)}; speedup over correct: geomean {geomean:.3f}x, "
+              f"max {max(speedups, default=float('nan')):.3f}x; faster than eager: "
+              f"{sum(s > 1 for s in speedups)}"]
+    return "\n".join(lines)
+
+
+def library_records(kind: str) -> list[dict]:
+    """The shipped hand-written candidates for 'cuda' or 'cpu', one record per file.
+
+    Files are `solutions/<kind>/<level>/<task stem>.<expected status>_<what>.py`, so the library
+    checks itself: each file's name says what the evaluator must answer."""
+    files = sorted((ROOT / "solutions" / kind).rglob("*.py"))
+    return [{"task": f"{f.parent.name}/{f.name.split('.')[0]}", "code": f.read_text(),
+             "solution": f"{f.parent.name}/{f.name.removesuffix('.py')}"} for f in files]
+
+
+def read_records(source: str) -> list[dict]:
+    """JSONL records from a file or stdin, each checked for `task` and `code`; one-line errors."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    except OSError as e:
+        raise SystemExit(f"error: cannot read {source}: {e.strerror}")
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"error: {source}:{number}: not valid JSON ({e.msg})")
+        if not isinstance(record, dict) or "task" not in record or "code" not in record:
+            raise SystemExit(f"error: {source}:{number}: a record needs the fields `task` and `code`")
+        records.append(record)
+    return records
+
+
+def main(argv=None):
+    defaults = EvalConfig()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("input", nargs="?", help="JSONL of candidates (`task`, `code`); `-` for stdin; "
+                   "default: the hand-written candidates in solutions/<device>/")
+    p.add_argument("-o", "--output", help="append results here (resuming a run) instead of stdout")
+    p.add_argument("--device", default=defaults.device,
+                   help="cuda (CUDA candidates), cpu (C++ candidates) or auto (cuda when a GPU is visible)")
+    p.add_argument("--gpus", help="comma-separated GPU indices to use (default: all visible)")
+    p.add_argument("--tasks", help="task folder that task ids are resolved against (default: tasks/; for the "
+                   "CPU demo, the CPU-sized copies in tests/tasks/)")
+    p.add_argument("--correct-trials", type=int, default=defaults.correct_trials,
+                   help="fresh random input sets the candidate must match")
+    p.add_argument("--atol", type=float, default=defaults.atol, help="absolute tolerance")
+    p.add_argument("--rtol", type=float, default=defaults.rtol, help="relative tolerance")
+    p.add_argument("--timing-trials", type=int, default=defaults.timing_trials, help="timed runs per model")
+    p.add_argument("--timing-budget-s", type=float, default=defaults.timing_budget_s,
+                   help="time budget for the timed runs of one candidate (at least 10 trials)")
+    p.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed runs per model first")
+    p.add_argument("--compile-baseline", action="store_true", help="also time torch.compile(Model)")
+    p.add_argument("--seed", type=int, default=defaults.seed, help="seed before init inputs and each model")
+    p.add_argument("--compile-workers", type=int, default=defaults.compile_workers,
+                   help="candidates built at once")
+    p.add_argument("--compile-timeout-s", type=float, default=defaults.compile_timeout_s,
+                   help="limit for building one candidate")
+    p.add_argument("--run-timeout-s", type=float, default=defaults.run_timeout_s,
+                   help="limit for checking and timing one candidate")
+    p.add_argument("--build-dir", default=defaults.build_dir, help="extension build cache")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+
+    try:
+        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+    except ValueError:
+        raise SystemExit(f"error: --gpus takes comma-separated integers, not {args.gpus!r}")
+    demo_on_cpu = args.input is None and resolve_device(EvalConfig(device=args.device, gpus=gpus))[0] == "cpu"
+    tasks = args.tasks or str(ROOT / "tests" / "tasks" if demo_on_cpu else defaults.tasks)
+    cfg = EvalConfig(device=args.device, gpus=gpus, tasks=tasks, correct_trials=args.correct_trials,
+                     atol=args.atol, rtol=args.rtol, timing_trials=args.timing_trials,
+                     timing_budget_s=args.timing_budget_s, warmup=args.warmup,
+                     compile_baseline=args.compile_baseline, seed=args.seed,
+                     compile_workers=args.compile_workers, compile_timeout_s=args.compile_timeout_s,
+                     run_timeout_s=args.run_timeout_s, build_dir=args.build_dir, progress=not args.no_progress)
+    source = args.input
+    if source is None:
+        kind, _ = resolve_device(cfg)
+        source = f"solutions/{kind}"
+        print(f"no input: evaluating the hand-written candidates in {source}/", file=sys.stderr)
+        records = library_records(kind)
+    else:
+        records = read_records(source)
+    index = load_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
+    for number, record in enumerate(records, 1):
+        try:
+            resolve_task(str(record["task"]), index)
+        except ValueError as e:
+            raise SystemExit(f"error: {source}: record {number}: {e}")
+
+    done = 0
+    if args.output and Path(args.output).exists():
+        done = sum(1 for line in Path(args.output).read_text().splitlines() if line.strip())
+        print(f"resuming: {done} of {len(records)} already in {args.output}", file=sys.stderr)
+    out = open(args.output, "a") if args.output else sys.stdout
+    pending, written = {}, []
+
+    def write_in_order(i: int, result: dict):
+        pending[i] = result
+        while len(written) in pending:  # results come in any order; lines go out in input order
+            result = pending.pop(len(written))
+            out.write(json.dumps({**records[done + len(written)], "eval": result}) + "\n")
+            out.flush()
+            written.append(result)
+
+    evaluate(records[done:], cfg, on_result=write_in_order)
+    if args.output:
+        out.close()
+    print(summary_table(written, records[done:]), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""evaluate.py: parsing, the static rules, task loading, and real builds and runs of C++ candidates.
+
+The CPU tests build real extensions with load_inline (C++ only) and run them in real child processes;
+the GPU tests do the same with the CUDA kernels in solutions/cuda/. Each file in solutions/ is named
+after the status the evaluator must give it."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import evaluate as ev
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = dict(device="cpu", tasks=str(ROOT / "tests" / "tasks"), run_timeout_s=30, timing_budget_s=1.0, progress=False)
+
+
+def expected_status(record: dict) -> str:
+    variant = record["solution"].split(".", 1)[1]
+    return next(s for s in sorted(ev.STATUSES, key=len, reverse=True) if variant.startswith(s))
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+def test_extract_code_takes_the_last_python_block():
+    reply = "First\n```cpp\nint x;\n```\n```python\nA = 1\n```\nthen\n```python\nclass ModelNew: B = 2\n```\nDone."
+    assert ev.extract_code(reply) == "class ModelNew: B = 2\n"
+
+
+def test_extract_code_accepts_untagged_fences_and_raw_source():
+    assert ev.extract_code("```\nclass ModelNew: x = 1\n```") == "class ModelNew: x = 1\n"
+    assert ev.extract_code("import torch\nclass ModelNew: x = 1\n") == "import torch\nclass ModelNew: x = 1\n"
+
+
+def test_extract_code_finds_nothing_in_prose_or_an_unclosed_fence():
+    assert ev.extract_code("I could not solve it.") is None
+    assert ev.extract_code("```python\nclass ModelNew:\n    x = 1\n") is None
+
+
+# ----------------------------------------------------------------------------------------- static rules
+
+LEGAL = '''
+import math
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+ext = load_inline(name="k", cpp_sources="", cuda_sources="__global__ void k() {}", functions=[])
+class ModelNew(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(n, n))
+        nn.init.kaiming_uniform_(self.w, a=math.sqrt(5))
+        self.blocks = nn.ModuleList()
+    def forward(self, x):
+        out = torch.empty_like(x)
+        return ext.k(x.contiguous(), out, torch.cuda.current_stream().cuda_stream)
+'''
+
+
+def test_a_legitimate_solution_passes_the_static_rules():
+    assert ev.static_check(LEGAL, "cuda") is None
+
+
+@pytest.mark.parametrize("change, rule", [
+    (("return ext.k", "return torch.relu(x) if x is None else ext.k"), "torch.relu() is not allowed"),
+    (("out = torch.empty_like(x)", "out = x.new_empty(1)\n        try:\n            out = 1\n        except Exception:\n            out = 2"),
+     "try/except"),
+    (("self.blocks = nn.ModuleList()", "self.blocks = nn.ModuleList()\n        if n:\n            pass"), "`pass`"),
+    (("import math", "import math\nimport torch.nn.functional as F"), "torch.nn.functional"),
+    (("self.blocks = nn.ModuleList()", "self.conv = nn.Conv2d(3, 3, 3)"), "torch.nn.Conv2d"),
+    (("class ModelNew(nn.Module)", "class ModelNew(Model)"), "must not subclass the reference"),
+    (("import math", "import math\nimport threading"), "threading"),
+    (("__global__ void k() {}", "void k() {}"), "no CUDA kernel"),
+])
+def test_each_static_rule_rejects_and_names_itself(change, rule):
+    status, feedback = ev.static_check(LEGAL.replace(*change), "cuda")
+    assert status == "rejected"
+    assert rule in feedback
+
+
+def test_a_solution_without_load_inline_has_no_native_kernel():
+    status, feedback = ev.static_check("import torch\nclass ModelNew(torch.nn.Module):\n    x = 1\n", "cpu")
+    assert status == "rejected" and "no native kernel" in feedback
+
+
+def test_a_syntax_error_is_a_compile_error_and_a_missing_modelnew_a_format_error():
+    assert ev.static_check("class ModelNew(:\n", "cpu")[0] == "compile_error"
+    assert ev.static_check("import torch\nclass Model2: x = 1\n", "cpu")[0] == "format_error"
+
+
+# -------------------------------------------------------------------------------------------------- tasks
+
+def test_task_ids_are_folder_and_stem():
+    tasks = ev.load_tasks(ROOT / "tasks")
+    assert "level1/7_ReLU" in tasks and tasks["level1/7_ReLU"].name == "7_ReLU.py"
+    assert len(tasks) >= 40
+
+
+def test_a_kernelbench_style_level_folder_loads_unchanged(tmp_path):
+    level = tmp_path / "KernelBench" / "level1"
+    level.mkdir(parents=True)
+    (level / "19_ReLU.py").write_text((ROOT / "tasks/level1/7_ReLU.py").read_text())
+    (level / "notes.py").write_text("x = 1\n")  # not a task: no Model / get_inputs
+    assert list(ev.load_tasks(level)) == ["level1/19_ReLU"]
+    assert list(ev.load_tasks(level / "19_ReLU.py")) == ["level1/19_ReLU"]
+
+
+def test_an_unknown_task_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown task 'level9/nope'"):
+        ev.resolve_task("level9/nope", ev.load_tasks(ROOT / "tasks"))
+
+
+# ------------------------------------------------------------------------- real builds and runs on the CPU
+
+@pytest.fixture(scope="module")
+def cpu_results():
+    """Every hand-written C++ candidate plus process-killing variants, evaluated in one batch."""
+    records = ev.library_records("cpu")
+    correct = next(r for r in records if r["solution"].endswith("correct_loop"))
+    exits = [("runtime_error_sys_exit", "import sys; sys.exit(0)"),
+             ("runtime_error_os_exit", "import os; os._exit(3)")]
+    for name, body in exits:  # same extension as the correct one, so no extra build
+        code = correct["code"].replace("return relu_ext.relu(x.contiguous())", body)
+        records.append({**correct, "code": code, "solution": f"level1/7_ReLU.{name}"})
+    records.append(dict(correct))  # an exact duplicate, as a GRPO group produces them
+    return records, ev.evaluate(records, ev.EvalConfig(**CPU))
+
+
+def test_every_cpu_candidate_gets_the_status_its_name_promises(cpu_results):
+    records, results = cpu_results
+    got = {r["solution"]: e["status"] for r, e in zip(records, results)}
+    assert got == {r["solution"]: expected_status(r) for r in records}
+
+
+def test_a_correct_candidate_is_timed_against_the_reference(cpu_results):
+    records, results = cpu_results
+    for record, e in zip(records, results):
+        if e["status"] == "correct":
+            assert e["compiled"] and e["correct"]
+            assert e["runtime_ms"] > 0 and e["ref_runtime_ms"] > 0
+            assert e["speedup"] == pytest.approx(e["ref_runtime_ms"] / e["runtime_ms"])
+            assert e["max_abs_diff"] <= 1e-2 and "speedup" in e["feedback"]
+            assert set(e["time_s"]) >= {"compile", "load", "correctness", "timing", "total"}
+
+
+def test_compile_errors_carry_the_compilers_own_message_without_build_paths(cpu_results):
+    records, results = cpu_results
+    e = next(e for r, e in zip(records, results) if r["solution"].endswith("compile_error_semicolon"))
+    assert "error: expected" in e["feedback"] and "return out" in e["feedback"]
+    assert ".cache/builds" not in e["feedback"] and "-isystem" not in e["feedback"]
+
+
+def test_crashes_and_exits_cost_only_their_own_candidate(cpu_results):
+    records, results = cpu_results
+    by_name = {r["solution"].split(".")[1]: e for r, e in zip(records, results)}
+    assert "SIGSEGV" in by_name["runtime_error_segfault"]["feedback"]
+    assert "SystemExit" in by_name["runtime_error_sys_exit"]["feedback"]
+    assert "exited with code 3" in by_name["runtime_error_os_exit"]["feedback"]
+    assert "did not finish within 30 s" in by_name["timeout_spin"]["feedback"]
+
+
+def test_identical_candidates_share_one_evaluation(cpu_results):
+    records, results = cpu_results
+    first, duplicate = (e for r, e in zip(records, results) if r["solution"].endswith("correct_loop"))
+    assert first == duplicate and first is not duplicate
+
+
+def test_incorrect_output_says_how_far_off_it_is(cpu_results):
+    records, results = cpu_results
+    e = next(e for r, e in zip(records, results) if r["solution"].endswith("incorrect_leaky"))
+    assert "differ beyond atol=0.01" in e["feedback"] and e["max_abs_diff"] > 0.01
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+
+def run_cli(*args, stdin=None):
+    return subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *args], input=stdin, text=True,
+                          capture_output=True, cwd=ROOT, timeout=600)
+
+
+def test_cli_keeps_fields_and_order_and_resumes(tmp_path, cpu_results):
+    records, _ = cpu_results
+    picked = [r for r in records if r["solution"].split(".")[1] in ("correct_loop", "incorrect_leaky")][:2]
+    lines = [json.dumps({**r, "id": i}) for i, r in enumerate(picked + [{"task": "level1/7_ReLU", "code": "no code"}])]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    first = run_cli(str(tmp_path / "in.jsonl"), "-o", str(out), "--device", "cpu", "--timing-budget-s", "1",
+                    "--tasks", CPU["tasks"])
+    assert first.returncode == 0, first.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [0, 1, 2]
+    assert [r["eval"]["status"] for r in rows] == ["correct", "incorrect", "format_error"]
+    assert "| status | count |" in first.stderr
+    again = run_cli(str(tmp_path / "in.jsonl"), "-o", str(out), "--device", "cpu", "--tasks", CPU["tasks"])
+    assert again.returncode == 0 and "resuming: 3 of 3" in again.stderr
+    assert len(out.read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json}\n", "in.jsonl:1: not valid JSON"),
+    ('{"task": "level1/7_ReLU"}\n', "in.jsonl:1: a record needs the fields `task` and `code`"),
+    ('{"task": "level9/none", "code": "x"}\n', "record 1: unknown task 'level9/none'"),
+])
+def test_cli_bad_input_is_one_clear_line(tmp_path, text, message):
+    (tmp_path / "in.jsonl").write_text(text)
+    result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu")
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_reads_stdin(cpu_results):
+    records, _ = cpu_results
+    result = run_cli("-", "--device", "cpu", "--no-progress", "--tasks", CPU["tasks"],
+                     stdin=json.dumps({"task": "level1/7_ReLU", "code": "plain prose"}) + "\n")
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["eval"]["status"] == "format_error"
+
+
+# --------------------------------------------------------------------------------------------------- GPU
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def cuda_results():
+    records = ev.library_records("cuda")
+    return records, ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=90, progress=False))
+
+
+@pytest.mark.gpu
+@gpu
+def test_every_cuda_candidate_gets_the_status_its_name_promises(cuda_results):
+    records, results = cuda_results
+    got = {r["solution"]: e["status"] for r, e in zip(records, results)}
+    assert got == {r["solution"]: expected_status(r) for r in records}
+    for e in results:
+        if e["correct"]:
+            assert 0.01 < e["speedup"] < 100 and e["timing_trials"] >= 10
+
+
+@pytest.mark.gpu
+@gpu
+def test_nvcc_errors_reach_the_feedback(cuda_results):
+    records, results = cuda_results
+    e = next(e for r, e in zip(records, results) if r["solution"].endswith("compile_error_semicolon"))
+    assert 'error: expected a ";"' in e["feedback"] and "cuda.cu(" in e["feedback"]
+
+
+@pytest.mark.gpu
+@gpu
+def test_an_illegal_memory_access_does_not_affect_the_next_kernel(cuda_results):
+    """One worker, one build at a time: the illegal access is run first, the correct kernel right after."""
+    records, _ = cuda_results
+    pair = [next(r for r in records if r["solution"].endswith(name))
+            for name in ("runtime_error_illegal_address", "correct_vec4")]
+    results = ev.evaluate(pair, ev.EvalConfig(device="cuda", gpus=[0], compile_workers=1, progress=False))
+    assert [e["status"] for e in results] == ["runtime_error", "correct"]
+    assert "illegal memory access" in results[0]["feedback"]
