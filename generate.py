@@ -1,0 +1,586 @@
+"""Multi-turn rollouts: a model writes a kernel for each task, reads the evaluator's feedback, tries again.
+
+For every task, n parallel trajectories each take T turns. At every turn all live trajectories of a
+group of tasks are generated in one batch and evaluated in one batch (evaluate.py), and each reply's
+code, its closing summary and the evaluator's feedback become a "previous attempt" in the next turn's
+prompt. The prompt of every turn holds the task's PyTorch `Model`, the rules, a one-shot example
+(turn 1 only), the previous attempts, and a request to restart the reasoning and write new complete
+code. Earlier reasoning is dropped; only the summaries stay.
+
+Paper defaults (Kevin, arXiv 2507.11948): 16 trajectories, 4 turns (8 at evaluation), temperature
+0.9, 16,384 reply tokens. The paper is silent on the prompt budget: 16,384 prompt tokens is the
+default here; attempts that no longer fit are dropped earliest first.
+
+Run:
+  python generate.py --tasks tasks/level1 --out runs/rollouts.jsonl                 # tiny model, hf
+  python generate.py --backend vllm --model Qwen/QwQ-32B --turns 8 --out runs/eval.jsonl
+  python generate.py --backend openai --base-url http://localhost:8000/v1 --model my-model ...
+  python generate.py --device cpu --max-tokens 64 ...   # C++ instead of CUDA, evaluated on a CPU
+  VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python generate.py --backend vllm \
+      --gpu-memory-utilization 0.3 --device cpu --max-tokens 64 ...   # vLLM's CPU build (README)
+
+Output: one JSON line per trajectory (see README, "Data formats"), appended when its group of tasks
+finishes; a re-run with the same --out skips the (task, trajectory) pairs already written.
+
+Simplifications: every trajectory runs all T turns (a correct kernel is told it can be made faster,
+as in the paper). With --device cpu the rules ask for C++ (`load_inline` with `cpp_sources` only),
+so the whole loop is meaningful without a GPU. The openai backend cannot see token ids: it records
+none and estimates a prompt's length as characters / 4. The hf backend keeps every step's scores to
+get log-probs, which suits small models and tests; use vllm for real runs.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent
+SPLITS = REPO / "tasks" / "split.json"
+
+# ---------------------------------------------------------------- prompt templates
+RULES = {
+    "cuda": """\
+You write custom CUDA kernels that replace the PyTorch operators of a given architecture to make it faster.
+
+Rules:
+- Define `class ModelNew(torch.nn.Module)` with the same constructor and `forward` signature as `Model`.
+- Do the computation in raw CUDA kernels that you write yourself and build with \
+`torch.utils.cpp_extension.load_inline` (kernels and their launchers in `cuda_sources`, declarations in \
+`cpp_sources`, exported names in `functions`).
+- Do not use torch.nn modules, torch.nn.functional or any other PyTorch operator for the computation. \
+From torch.nn only Parameter, containers (Module, ModuleList, ParameterList, ...) and init are allowed.
+- Do not write try/except or `pass`.
+- Reply with the complete code in one fenced ```python block, and end your reply with a few sentences \
+summarising the changes you made.""",
+    "cpu": """\
+You write custom C++ kernels that replace the PyTorch operators of a given architecture to make it faster.
+
+Rules:
+- Define `class ModelNew(torch.nn.Module)` with the same constructor and `forward` signature as `Model`.
+- Do the computation in C++ loops that you write yourself and build with \
+`torch.utils.cpp_extension.load_inline`, passing `cpp_sources` only (no `cuda_sources`) and the exported \
+names in `functions`. Inside C++, only allocate outputs (e.g. `torch::empty_like`) and read raw pointers.
+- Do not use torch.nn modules, torch.nn.functional or any other PyTorch operator for the computation. \
+From torch.nn only Parameter, containers (Module, ModuleList, ParameterList, ...) and init are allowed.
+- Do not write try/except or `pass`.
+- Reply with the complete code in one fenced ```python block, and end your reply with a few sentences \
+summarising the changes you made.""",
+}
+
+EXAMPLE_MODEL = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return a + b
+
+
+def get_inputs():
+    return [torch.rand(4096), torch.rand(4096)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+EXAMPLE_SOLUTION = {
+    "cuda": '''\
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = r"""
+#include <torch/extension.h>
+
+__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+
+torch::Tensor add(torch::Tensor a, torch::Tensor b) {
+    auto out = torch::empty_like(a);
+    int64_t n = a.numel();
+    int threads = 256;
+    int blocks = (int)((n + threads - 1) / threads);
+    add_kernel<<<blocks, threads>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), n);
+    return out;
+}
+"""
+
+cpp_source = "torch::Tensor add(torch::Tensor a, torch::Tensor b);"
+
+add_ext = load_inline(name="add_ext", cpp_sources=cpp_source, cuda_sources=cuda_source, functions=["add"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return add_ext.add(a.contiguous(), b.contiguous())
+''',
+    "cpu": '''\
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cpp_source = r"""
+#include <torch/extension.h>
+
+torch::Tensor add(torch::Tensor a, torch::Tensor b) {
+    auto out = torch::empty_like(a);
+    const float* pa = a.data_ptr<float>();
+    const float* pb = b.data_ptr<float>();
+    float* po = out.data_ptr<float>();
+    int64_t n = a.numel();
+    for (int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
+    return out;
+}
+"""
+
+add_ext = load_inline(name="add_ext", cpp_sources=cpp_source, functions=["add"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return add_ext.add(a.contiguous(), b.contiguous())
+''',
+}
+
+EXAMPLE_SUMMARY = (
+    "I replaced the addition with one kernel that adds the two inputs element by element into a new "
+    "output tensor; the inputs are made contiguous first so that flat indexing is valid."
+)
+
+EXAMPLE = """\
+Here is an example. For this architecture:
+```python
+{model}```
+a valid answer is:
+```python
+{solution}```
+{summary}"""
+
+TASK = """\
+Here is the architecture to optimise:
+```python
+{source}```"""
+
+ATTEMPTS_HEADER = "Your previous attempts, oldest first, with the feedback each one received:"
+
+ATTEMPT = """\
+### Attempt {number}
+{code}
+Your summary: {summary}
+Feedback: {feedback}"""
+
+CODE = """\
+```python
+{code}
+```"""
+
+NO_CODE = "(no code block found)"
+NO_SUMMARY = "(none)"
+
+FIRST_REQUEST = "Now write `ModelNew` for the architecture above."
+NEXT_REQUEST = (
+    "Restart your reasoning from scratch: think again about the architecture and the feedback above, "
+    "then write new, complete code for `ModelNew` that fixes the errors or is faster than the best "
+    "correct attempt."
+)
+
+
+# ---------------------------------------------------------------- prompts
+def render_prompt(source: str, attempts: list[dict], first_turn: bool, device: str) -> list[dict]:
+    """The user message of one turn; `attempts` are earlier turn records (code, summary, eval)."""
+    kind = "cpu" if device == "cpu" else "cuda"
+    parts = [RULES[kind]]
+    if first_turn:
+        parts.append(EXAMPLE.format(model=EXAMPLE_MODEL, solution=EXAMPLE_SOLUTION[kind], summary=EXAMPLE_SUMMARY))
+    parts.append(TASK.format(source=source if source.endswith("\n") else source + "\n"))
+    if attempts:
+        parts.append(ATTEMPTS_HEADER)
+        for attempt in attempts:
+            parts.append(ATTEMPT.format(
+                number=attempt["turn"] + 1,
+                code=CODE.format(code=attempt["code"].rstrip("\n")) if attempt["code"] is not None else NO_CODE,
+                summary=attempt["summary"] or NO_SUMMARY,
+                feedback=attempt["eval"]["feedback"],
+            ))
+    parts.append(FIRST_REQUEST if first_turn else NEXT_REQUEST)
+    return [{"role": "user", "content": "\n\n".join(parts)}]
+
+
+def fit_prompt(source: str, history: list[dict], device: str, budget: int, count_tokens) -> list[dict]:
+    """The prompt with as many of the latest attempts as fit in `budget` tokens (earliest dropped first)."""
+    first_turn = not history
+    for start in range(len(history) + 1):
+        messages = render_prompt(source, history[start:], first_turn, device)
+        if count_tokens(messages) <= budget:
+            return messages
+    return messages  # even without attempts it is too long: send it anyway, the task must be shown
+
+
+# ---------------------------------------------------------------- reply parsing
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(reasoning, answer). An unclosed <think> means the reply ended while still reasoning."""
+    if "</think>" in text:
+        reasoning, answer = text.split("</think>", 1)
+        return reasoning.split("<think>", 1)[-1], answer
+    if "<think>" in text:
+        return text.split("<think>", 1)[1], ""
+    return None, text
+
+
+def parse_reply(text: str) -> tuple[str | None, str | None]:
+    """(code, summary): the block evaluate.py takes as the candidate, and the answer's text after it."""
+    from evaluate import FENCE, extract_code
+
+    _, answer = split_reasoning(text)
+    if "```" not in answer:  # evaluate would read fence-less text as source; a reply must fence its code
+        return None, None
+    code = extract_code(answer)
+    if code is None:
+        return None, None
+    end = [m.end() for m in FENCE.finditer(answer) if m.group(2) == code][-1]
+    return code, answer[end:].strip()
+
+
+# ---------------------------------------------------------------- backends
+# A backend has three methods: prompt_token_ids(messages) -> ids or None, count_tokens(messages) -> int,
+# and generate(prompts, seeds) -> one Reply per prompt, in order.
+@dataclass
+class Reply:
+    text: str
+    token_ids: list[int] | None
+    # hf and vllm: log-prob of each sampled token under the sampling distribution (temperature applied);
+    # openai: what the server reports, if anything
+    logprobs: list[float] | None
+
+
+class HFBackend:
+    """transformers `generate`, batched with left padding; log-probs from the per-step scores."""
+
+    def __init__(self, model: str, temperature: float, max_tokens: int):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype="auto").to(device).eval()
+        self.temperature, self.max_tokens = temperature, max_tokens
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else self.tokenizer.eos_token_id])
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+
+    def prompt_token_ids(self, messages: list[dict]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self.prompt_token_ids(messages))
+
+    def generate(self, prompts: list[list[dict]], seeds: list[int]) -> list[Reply]:
+        """One batch shares one random generator, seeded with the first prompt's seed."""
+        import torch
+
+        batch = self.tokenizer.pad({"input_ids": [self.prompt_token_ids(m) for m in prompts]}, return_tensors="pt")
+        batch = batch.to(self.model.device)
+        torch.manual_seed(seeds[0])
+        with torch.no_grad():
+            out = self.model.generate(
+                **batch, do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
+                max_new_tokens=self.max_tokens, output_scores=True, return_dict_in_generate=True,
+                pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
+            )
+        logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+        new_tokens = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
+        replies = []
+        for ids, lps in zip(new_tokens, logprobs.tolist()):
+            end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), len(ids))  # keep the eos
+            text = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
+            replies.append(Reply(text, ids[:end], lps[:end]))
+        return replies
+
+
+class VLLMBackend:
+    """Offline `vllm.LLM`; prompts go in as token ids so the recorded ids are exactly what the model saw."""
+
+    def __init__(self, model: str, temperature: float, max_tokens: int, tensor_parallel_size: int,
+                 memory_utilization: float, seed: int):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.SamplingParams, self.TokensPrompt = SamplingParams, TokensPrompt
+        # processed_logprobs: log-probs after temperature, i.e. of the distribution actually sampled
+        self.llm = LLM(model=model, tensor_parallel_size=tensor_parallel_size, seed=seed,
+                       gpu_memory_utilization=memory_utilization, logprobs_mode="processed_logprobs")
+        self.tokenizer = self.llm.get_tokenizer()
+        self.temperature, self.max_tokens = temperature, max_tokens
+
+    def prompt_token_ids(self, messages: list[dict]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self.prompt_token_ids(messages))
+
+    def generate(self, prompts: list[list[dict]], seeds: list[int]) -> list[Reply]:
+        inputs = [self.TokensPrompt(prompt_token_ids=self.prompt_token_ids(m)) for m in prompts]
+        params = [self.SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=seed,
+                                      logprobs=0) for seed in seeds]
+        replies = []
+        for result in self.llm.generate(inputs, params, use_tqdm=False):
+            out = result.outputs[0]
+            ids = list(out.token_ids)
+            logprobs = [step[t].logprob for step, t in zip(out.logprobs, ids)]
+            replies.append(Reply(out.text, ids, logprobs))
+        return replies
+
+
+class OpenAIBackend:
+    """Any OpenAI-compatible /chat/completions endpoint, over the standard library, many requests at once."""
+
+    TIMEOUT_S = 3600  # one long reasoning reply can take many minutes
+
+    def __init__(self, model: str, temperature: float, max_tokens: int, base_url: str, api_key: str | None,
+                 concurrency: int, retries: int):
+        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.api_key, self.concurrency, self.retries = api_key, concurrency, retries
+
+    def prompt_token_ids(self, messages: list[dict]) -> None:
+        return None  # the server tokenizes
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return sum(len(m["content"]) for m in messages) // 4  # an estimate: ~4 characters per token
+
+    def complete(self, messages: list[dict], seed: int) -> Reply:
+        body = json.dumps({"model": self.model, "messages": messages, "temperature": self.temperature,
+                           "max_tokens": self.max_tokens, "seed": seed, "logprobs": True}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        for attempt in range(self.retries + 1):
+            request = urllib.request.Request(self.url, data=body, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=self.TIMEOUT_S) as response:
+                    choice = json.load(response)["choices"][0]
+                break
+            except urllib.error.HTTPError as error:  # 4xx other than rate limits will not get better
+                if error.code < 500 and error.code != 429 or attempt == self.retries:
+                    raise SystemExit(f"openai backend: {self.url} answered {error.code}: {error.read()[:500]!r}")
+            except (urllib.error.URLError, OSError) as error:
+                if attempt == self.retries:
+                    raise SystemExit(f"openai backend: {self.url} failed after {self.retries} retries: {error}")
+            time.sleep(2 ** attempt)
+        message = choice["message"]
+        text = message.get("content") or ""
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if reasoning:  # servers that split the reasoning off: put it back where the parser expects it
+            text = f"<think>{reasoning}</think>{text}"
+        steps = (choice.get("logprobs") or {}).get("content")
+        return Reply(text, None, [s["logprob"] for s in steps] if steps else None)
+
+    def generate(self, prompts: list[list[dict]], seeds: list[int]) -> list[Reply]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(self.complete, prompts, seeds))
+
+
+# ---------------------------------------------------------------- tasks and output
+@dataclass
+class Task:
+    id: str  # "<parent folder>/<file stem>"
+    path: Path
+    source: str
+
+
+def load_tasks(tasks: str, split: str | None) -> list[Task]:
+    """Tasks from a file or folder, or a split name of tasks/split.json; --split keeps only that split."""
+    from evaluate import load_tasks as index_tasks
+
+    splits = json.loads(SPLITS.read_text()) if SPLITS.exists() else {}
+    if not Path(tasks).exists():
+        if tasks not in splits:
+            raise SystemExit(f"--tasks {tasks}: not a task file, a folder or a split ({', '.join(splits) or 'none'})")
+        tasks, split = str(REPO / "tasks"), split or tasks
+    index = index_tasks(tasks)
+    if split:
+        if split not in splits:
+            raise SystemExit(f"--split {split}: {SPLITS} has only {', '.join(splits) or 'no splits'}")
+        missing = [task_id for task_id in splits[split] if task_id not in index]
+        if missing:
+            raise SystemExit(f"--split {split}: {len(missing)} tasks not found in {tasks}, e.g. {missing[0]}")
+        index = {task_id: index[task_id] for task_id in splits[split]}
+    if not index:
+        raise SystemExit(f"--tasks {tasks}: no task files (a Model class and get_inputs) found")
+    return [Task(task_id, path, path.read_text()) for task_id, path in index.items()]
+
+
+def read_done(out: Path) -> set[tuple[str, int]]:
+    """(task, trajectory) pairs already in `out`; a last line cut off by an interrupted write is removed."""
+    if not out.exists():
+        return set()
+    text = out.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        out.write_text(text)
+    return {(r["task"], r["trajectory"]) for r in map(json.loads, text.splitlines())}
+
+
+# ---------------------------------------------------------------- the loop
+def run_turn(records: list[dict], tasks: list[Task], backend, args: argparse.Namespace, eval_config) -> None:
+    """Add one turn to every trajectory record (record i solves tasks[i]): one generation and one evaluation batch."""
+    from evaluate import evaluate
+
+    turn = len(records[0]["turns"])
+    prompts = [fit_prompt(task.source, record["turns"], args.device, args.context_budget, backend.count_tokens)
+               for task, record in zip(tasks, records)]
+    seeds = [zlib.crc32(f"{args.seed}/{r['task']}/{r['trajectory']}/{turn}".encode()) for r in records]
+    replies = backend.generate(prompts, seeds)
+    parsed = [parse_reply(reply.text) for reply in replies]
+    # The evaluator gets the answer without its reasoning; a reply without code goes in as empty code,
+    # which evaluate marks format_error without running anything.
+    candidates = [{"task": str(task.path), "code": split_reasoning(reply.text)[1] if code is not None else ""}
+                  for task, reply, (code, _) in zip(tasks, replies, parsed)]
+    evals = evaluate(candidates, eval_config)
+    for record, messages, reply, (code, summary), result in zip(records, prompts, replies, parsed, evals):
+        record["turns"].append({
+            "turn": turn,
+            "prompt": {"messages": messages, "token_ids": backend.prompt_token_ids(messages)},
+            "reply": {"text": reply.text, "token_ids": reply.token_ids, "logprobs": reply.logprobs},
+            "code": code,
+            "summary": summary,
+            "eval": result,
+        })
+
+
+def summary_table(records: list[dict]) -> str:
+    """Per turn: kernels, share that compiled, share correct, mean speedup of the correct ones."""
+    by_turn: dict[int, list[dict]] = {}
+    for record in records:
+        for turn in record["turns"]:
+            by_turn.setdefault(turn["turn"], []).append(turn["eval"])
+    lines = [f"{'turn':>4} {'kernels':>8} {'compiled':>9} {'correct':>8} {'mean speedup of correct':>24}"]
+    for turn, evals in sorted(by_turn.items()):
+        speedups = [e["speedup"] for e in evals if e["correct"]]
+        mean = f"{sum(speedups) / len(speedups):.2f}x" if speedups else "-"
+        lines.append(f"{turn + 1:>4} {len(evals):>8} {sum(e['compiled'] for e in evals) / len(evals):>9.0%} "
+                     f"{sum(e['correct'] for e in evals) / len(evals):>8.0%} {mean:>24}")
+    return "\n".join(lines)
+
+
+def make_backend(args: argparse.Namespace):
+    model = args.model
+    if model == "tiny":
+        from tiny_model import build_tiny_model
+
+        model = build_tiny_model()
+    if args.backend == "hf":
+        return HFBackend(model, args.temperature, args.max_tokens)
+    if args.backend == "vllm":
+        return VLLMBackend(model, args.temperature, args.max_tokens, args.tensor_parallel_size,
+                           args.gpu_memory_utilization, args.seed)
+    return OpenAIBackend(model, args.temperature, args.max_tokens, args.base_url, os.environ.get(args.api_key_env),
+                         args.concurrency, args.retries)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # what to solve
+    p.add_argument("--tasks", default=str(REPO / "tasks"),
+                   help="a task file, a folder of tasks (e.g. a KernelBench level), or a split name of tasks/split.json")
+    p.add_argument("--split", default=None, help="keep only the tasks of this split of tasks/split.json (train, eval)")
+    p.add_argument("--out", required=True, help="output JSONL, one trajectory a line; an existing file is resumed")
+    # rollouts (paper defaults)
+    p.add_argument("--n-trajectories", type=int, default=16, help="parallel trajectories per task")
+    p.add_argument("--turns", type=int, default=4, help="refinement turns per trajectory (paper: 4 train, 8 eval)")
+    p.add_argument("--temperature", type=float, default=0.9, help="sampling temperature")
+    p.add_argument("--max-tokens", type=int, default=16384, help="most tokens in one reply")
+    p.add_argument("--context-budget", type=int, default=16384,
+                   help="most prompt tokens; previous attempts that do not fit are dropped earliest first")
+    p.add_argument("--tasks-per-batch", type=int, default=8,
+                   help="tasks whose trajectories share the generation and evaluation batches and are written "
+                        "together when done (0: all tasks at once)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    # model and backend
+    p.add_argument("--model", default="tiny", help="HF id or local path; 'tiny' builds the local tiny model")
+    p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf", help="how replies are generated")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs one model is split over")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="vllm: share of GPU memory to take (on a CPU build: of host memory; lower it there)")
+    p.add_argument("--base-url", default="http://localhost:8000/v1", help="openai: endpoint base URL")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="openai: environment variable holding the key")
+    p.add_argument("--concurrency", type=int, default=32, help="openai: requests in flight at once")
+    p.add_argument("--retries", type=int, default=5, help="openai: retries of a failed request, with backoff")
+    # evaluation
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="where candidates are evaluated; cpu asks for C++ kernels instead of CUDA")
+    p.add_argument("--gpus", default=None, help="comma-separated GPU ids for evaluation (default: all visible)")
+    args = p.parse_args(argv)
+    for flag in ("n_trajectories", "turns", "max_tokens", "context_budget", "concurrency", "tensor_parallel_size"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.tasks_per_batch < 0 or args.retries < 0:
+        raise SystemExit("--tasks-per-batch and --retries must not be negative")
+    if args.gpus is not None:
+        if not re.fullmatch(r"\d+(,\d+)*", args.gpus):
+            raise SystemExit(f"--gpus takes comma-separated GPU ids like 0,1 (got {args.gpus!r})")
+        args.gpus = [int(g) for g in args.gpus.split(",")]
+    return args
+
+
+def main(argv=None, backend=None) -> None:
+    """Run from the command line; `backend` replaces the one --backend names (it must have the same methods)."""
+    args = parse_args(argv)
+    tasks = load_tasks(args.tasks, args.split)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = read_done(out)
+    todo = [(task, k) for task in tasks for k in range(args.n_trajectories) if (task.id, k) not in done]
+    print(f"{len(tasks)} tasks x {args.n_trajectories} trajectories: {len(done)} already in {out}, "
+          f"{len(todo)} to run", file=sys.stderr)
+    if todo:
+        from tqdm import tqdm
+
+        from evaluate import EvalConfig
+
+        eval_config = EvalConfig(device=args.device, gpus=args.gpus)
+        backend = backend or make_backend(args)
+        size = (args.tasks_per_batch or len(tasks)) * args.n_trajectories
+        groups = [todo[i:i + size] for i in range(0, len(todo), size)]
+        with tqdm(total=len(groups) * args.turns, desc="rollouts", unit="turn", file=sys.stderr) as progress:
+            for group in groups:
+                group_tasks = [task for task, _ in group]
+                records = [{"task": task.id, "trajectory": k, "turns": []} for task, k in group]
+                for _ in range(args.turns):
+                    run_turn(records, group_tasks, backend, args, eval_config)
+                    progress.update(1)
+                with out.open("a") as f:
+                    for record in records:
+                        f.write(json.dumps(record) + "\n")
+                        f.flush()
+    ids = {task.id for task in tasks}
+    print(summary_table([r for r in map(json.loads, out.read_text().splitlines()) if r["task"] in ids]),
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,380 @@
+"""generate.py: prompts, reply parsing, the multi-turn loop with real backends, resuming, and the command line."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+import generate
+from evaluate import STATUSES, extract_code
+from generate import (EXAMPLE_MODEL, EXAMPLE_SOLUTION, EXAMPLE_SUMMARY, HFBackend, OpenAIBackend, Reply,
+                      fit_prompt, parse_reply, render_prompt, split_reasoning)
+from tiny_model import build_tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK_SOURCE = "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
+
+
+def past_turn(turn: int, code: str | None, summary: str | None, feedback: str) -> dict:
+    """A turn record as generate.py writes it, reasoning included in the reply text."""
+    return {"turn": turn, "reply": {"text": f"<think>REASONING {turn}</think> answer"}, "code": code,
+            "summary": summary, "eval": {"feedback": feedback}}
+
+
+def chars(messages: list[dict]) -> int:
+    return sum(len(m["content"]) for m in messages)
+
+
+def write_add_task(folder: Path) -> Path:
+    """The one-shot example's own architecture as a task: the cheapest real task to evaluate on a CPU."""
+    (folder / "toy").mkdir(parents=True, exist_ok=True)
+    path = folder / "toy" / "add.py"
+    path.write_text(EXAMPLE_MODEL)
+    return path
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- prompts
+def test_first_turn_prompt_has_rules_example_task_and_no_attempts():
+    [message] = render_prompt(TASK_SOURCE, [], first_turn=True, device="cuda")
+    text = message["content"]
+    assert message["role"] == "user"
+    assert "load_inline" in text and "__global__" in text  # the rules and the CUDA example
+    assert EXAMPLE_SOLUTION["cuda"] in text and EXAMPLE_SUMMARY in text
+    assert TASK_SOURCE in text
+    assert "previous attempts" not in text
+    assert text.endswith(generate.FIRST_REQUEST)
+
+
+def test_later_turn_prompt_lists_attempts_with_code_summary_and_feedback_but_no_example_or_reasoning():
+    history = [past_turn(0, "CODE_ZERO", "SUMMARY_ZERO", "Compilation failed: FEEDBACK_ZERO"),
+               past_turn(1, "CODE_ONE", "SUMMARY_ONE", "Correct. FEEDBACK_ONE")]
+    text = render_prompt(TASK_SOURCE, history, first_turn=False, device="cuda")[0]["content"]
+    for needle in ("CODE_ZERO", "SUMMARY_ZERO", "FEEDBACK_ZERO", "CODE_ONE", "SUMMARY_ONE", "FEEDBACK_ONE",
+                   "### Attempt 1", "### Attempt 2", TASK_SOURCE):
+        assert needle in text
+    assert text.index("CODE_ZERO") < text.index("CODE_ONE")
+    assert "REASONING" not in text
+    assert EXAMPLE_SOLUTION["cuda"] not in text and EXAMPLE_SUMMARY not in text
+    assert text.endswith(generate.NEXT_REQUEST) and "Restart your reasoning" in text
+
+
+def test_attempt_without_code_is_shown_as_such():
+    history = [past_turn(0, None, None, "Format error: no block")]
+    text = render_prompt(TASK_SOURCE, history, first_turn=False, device="cuda")[0]["content"]
+    assert generate.NO_CODE in text and "Your summary: (none)" in text and "Format error: no block" in text
+
+
+def test_cpu_prompt_asks_for_cpp_with_cpp_sources_only_and_shows_the_cpu_example():
+    text = render_prompt(TASK_SOURCE, [], first_turn=True, device="cpu")[0]["content"]
+    assert "C++" in text and "cpp_sources` only" in text
+    assert EXAMPLE_SOLUTION["cpu"] in text and "__global__" not in text
+
+
+def test_budget_drops_the_earliest_attempts_first():
+    history = [past_turn(t, f"CODE_{t}" + "x" * 1000, f"SUMMARY_{t}", f"FEEDBACK_{t}") for t in range(4)]
+    everything = chars(render_prompt(TASK_SOURCE, history, False, "cuda"))
+    last_two = chars(render_prompt(TASK_SOURCE, history[2:], False, "cuda"))
+    text = fit_prompt(TASK_SOURCE, history, "cuda", budget=last_two, count_tokens=chars)[0]["content"]
+    assert "CODE_0" not in text and "CODE_1" not in text
+    assert "CODE_2" in text and "CODE_3" in text and "### Attempt 3" in text  # numbering keeps the real turn
+    full = fit_prompt(TASK_SOURCE, history, "cuda", budget=everything, count_tokens=chars)[0]["content"]
+    assert all(f"CODE_{t}" in full for t in range(4))
+
+
+def test_prompt_that_cannot_fit_keeps_the_task_and_drops_every_attempt():
+    history = [past_turn(0, "CODE_0", "SUMMARY_0", "FEEDBACK_0")]
+    text = fit_prompt(TASK_SOURCE, history, "cuda", budget=10, count_tokens=chars)[0]["content"]
+    assert TASK_SOURCE in text and "CODE_0" not in text
+    assert EXAMPLE_SUMMARY not in text  # still a later turn: no example
+
+
+# ---------------------------------------------------------------- reply parsing
+def test_reply_without_code_has_no_code_and_no_summary():
+    assert parse_reply("I would write a kernel, but here is only prose.") == (None, None)
+    assert parse_reply("") == (None, None)
+
+
+def test_code_is_the_last_block_and_summary_the_text_after_it():
+    reply = "First try:\n```python\nOLD\n```\nBetter:\n```python\nNEW\n```\n\n  I fused the ops.  \n"
+    assert parse_reply(reply) == ("NEW\n", "I fused the ops.")
+
+
+def test_block_at_the_very_end_gives_an_empty_summary():
+    assert parse_reply("```python\nCODE\n```") == ("CODE\n", "")
+
+
+def test_code_inside_the_reasoning_is_ignored():
+    reply = "<think>maybe\n```python\nDRAFT\n```\n</think>Final:\n```python\nFINAL\n```\nDone."
+    assert split_reasoning(reply) == ("maybe\n```python\nDRAFT\n```\n", "Final:\n```python\nFINAL\n```\nDone.")
+    assert parse_reply(reply) == ("FINAL\n", "Done.")
+
+
+def test_reasoning_opened_by_the_chat_template_ends_at_the_closing_tag():
+    reasoning, answer = split_reasoning("thinking without an opening tag</think>\n```python\nX\n```\nS")
+    assert reasoning == "thinking without an opening tag"
+    assert parse_reply("thinking</think>\n```python\nX\n```\nS") == ("X\n", "S")
+
+
+def test_reply_cut_off_while_reasoning_has_no_code():
+    reply = "<think>I will write\n```python\nHALF\n```\nand then"
+    assert split_reasoning(reply)[1] == ""
+    assert parse_reply(reply) == (None, None)
+
+
+def test_unterminated_fence_is_not_code():
+    assert parse_reply("Here:\n```python\nimport torch\nclass ModelNew") == (None, None)
+
+
+def test_unterminated_fence_after_a_complete_block_leaves_the_complete_block():
+    code, summary = parse_reply("```python\nDONE\n```\nNow a second version:\n```python\nHALF")
+    assert code == "DONE\n" and summary.startswith("Now a second version")
+
+
+@pytest.mark.parametrize("reply", [
+    "```python\nA\n```\ntext\n```\nB\n```\nsummary",
+    "```python\nA\n```\nRun it with:\n```bash\npython run.py\n```",
+    "<think>```python\nR\n```</think>```cpp\nC\n```\nS",
+    "```python\nA\n```\n```python\nB",
+])
+def test_the_parsed_code_is_the_candidate_evaluate_takes(reply):
+    assert parse_reply(reply)[0] == extract_code(split_reasoning(reply)[1])
+
+
+# ---------------------------------------------------------------- the loop, with real backends
+class CountingHFBackend(HFBackend):
+    """The real hf backend on the tiny model, counting its generate calls to show what a resume skips."""
+
+    calls = 0
+
+    def generate(self, prompts, seeds):
+        self.calls += 1
+        return super().generate(prompts, seeds)
+
+
+@pytest.fixture(scope="module")
+def tiny_backend():
+    return CountingHFBackend(build_tiny_model(), temperature=0.9, max_tokens=24)
+
+
+def run_args(tasks: Path, out: Path, *extra: str) -> list[str]:
+    return ["--tasks", str(tasks), "--out", str(out), "--n-trajectories", "2", "--turns", "2",
+            "--device", "cpu", *extra]
+
+
+def test_hf_loop_writes_one_record_per_trajectory_with_every_turn(tmp_path, tiny_backend):
+    write_add_task(tmp_path / "tasks")
+    out = tmp_path / "rollouts.jsonl"
+    generate.main(run_args(tmp_path / "tasks", out), backend=tiny_backend)
+    records = read_records(out)
+    assert [(r["task"], r["trajectory"]) for r in records] == [("toy/add", 0), ("toy/add", 1)]
+    tokenizer = tiny_backend.tokenizer
+    for record in records:
+        assert [t["turn"] for t in record["turns"]] == [0, 1]
+        for turn in record["turns"]:
+            assert set(turn) == {"turn", "prompt", "reply", "code", "summary", "eval"}
+            prompt, reply = turn["prompt"], turn["reply"]
+            assert prompt["token_ids"] == tiny_backend.prompt_token_ids(prompt["messages"])
+            assert tokenizer.decode(prompt["token_ids"]).startswith("<|im_start|>user\n")
+            assert 0 < len(reply["token_ids"]) <= 24 and len(reply["logprobs"]) == len(reply["token_ids"])
+            assert all(lp <= 0 for lp in reply["logprobs"])
+            assert reply["text"] == tokenizer.decode(reply["token_ids"], skip_special_tokens=True)
+            assert turn["eval"]["status"] in STATUSES and isinstance(turn["eval"]["feedback"], str)
+        first, second = (t["prompt"]["messages"][0]["content"] for t in record["turns"])
+        assert EXAMPLE_SUMMARY in first and EXAMPLE_SUMMARY not in second
+        assert record["turns"][0]["eval"]["feedback"] in second
+
+
+def test_hf_logprobs_are_those_of_the_sampling_distribution_at_the_temperature(tiny_backend):
+    prompt = [{"role": "user", "content": "Write a kernel."}]
+    [reply] = tiny_backend.generate([prompt], [3])
+    prompt_ids = tiny_backend.prompt_token_ids(prompt)
+    ids = torch.tensor([prompt_ids + reply.token_ids])
+    with torch.no_grad():
+        logits = tiny_backend.model(ids.to(tiny_backend.model.device)).logits[0, len(prompt_ids) - 1:-1].cpu()
+    expected = torch.log_softmax(logits / 0.9, dim=-1).gather(1, ids[0, len(prompt_ids):, None])[:, 0]
+    assert torch.allclose(torch.tensor(reply.logprobs), expected, atol=1e-4)
+    raw = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(prompt_ids):, None])[:, 0]
+    assert not torch.allclose(torch.tensor(reply.logprobs), raw, atol=1e-4)
+
+
+def test_rerun_with_the_same_out_resumes_without_generating_again(tmp_path, tiny_backend):
+    write_add_task(tmp_path / "tasks")
+    out = tmp_path / "rollouts.jsonl"
+    generate.main(run_args(tmp_path / "tasks", out), backend=tiny_backend)
+    calls, written = tiny_backend.calls, out.read_text()
+
+    generate.main(run_args(tmp_path / "tasks", out), backend=tiny_backend)
+    assert tiny_backend.calls == calls and out.read_text() == written
+
+    first_line = written.splitlines(keepends=True)[0]
+    out.write_text(first_line + written.splitlines()[1][:40])  # trajectory 1 cut off mid-write
+    generate.main(run_args(tmp_path / "tasks", out), backend=tiny_backend)
+    assert tiny_backend.calls == calls + 2  # one batch per turn, for trajectory 1 only
+    lines = out.read_text().splitlines(keepends=True)
+    assert lines[0] == first_line and json.loads(lines[1])["trajectory"] == 1 and len(lines) == 2
+
+
+class ScriptedBackend:
+    """Stands in for a model that can write code (a random tiny model cannot): turn 1 answers with the
+    one-shot example's own correct C++ solution, later turns with prose only. Token ids are not known."""
+
+    def __init__(self):
+        self.prompts: list[list[dict]] = []
+
+    def prompt_token_ids(self, messages):
+        return None
+
+    def count_tokens(self, messages):
+        return chars(messages) // 4
+
+    def generate(self, prompts, seeds):
+        self.prompts.extend(prompts)
+        first_turn = generate.ATTEMPTS_HEADER not in prompts[0][0]["content"]
+        text = (f"<think>SECRET REASONING</think>Here it is:\n```python\n{EXAMPLE_SOLUTION['cpu']}```\n"
+                f"{EXAMPLE_SUMMARY}" if first_turn else "I have nothing better.")
+        return [Reply(text, None, None) for _ in prompts]
+
+
+@pytest.mark.slow
+def test_a_correct_cpp_kernel_is_evaluated_and_fed_back_into_the_next_turn(tmp_path):
+    write_add_task(tmp_path / "tasks")
+    out = tmp_path / "rollouts.jsonl"
+    backend = ScriptedBackend()
+    generate.main(run_args(tmp_path / "tasks", out), backend=backend)
+    for record in read_records(out):
+        first, second = record["turns"]
+        assert first["code"] == EXAMPLE_SOLUTION["cpu"] and first["summary"] == EXAMPLE_SUMMARY
+        assert first["eval"]["status"] == "correct" and first["eval"]["speedup"] > 0
+        next_prompt = second["prompt"]["messages"][0]["content"]
+        assert first["eval"]["feedback"] in next_prompt and EXAMPLE_SUMMARY in next_prompt
+        assert "SECRET REASONING" not in next_prompt
+        assert second["code"] is None and second["summary"] is None
+        assert second["eval"]["status"] == "format_error" and not second["eval"]["compiled"]
+    assert len(backend.prompts) == 4  # 2 trajectories x 2 turns
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_cuda_example_is_correct_through_the_loop_on_a_gpu(tmp_path):
+    write_add_task(tmp_path / "tasks")
+    out = tmp_path / "rollouts.jsonl"
+
+    class CudaScript(ScriptedBackend):
+        def generate(self, prompts, seeds):
+            text = f"```python\n{EXAMPLE_SOLUTION['cuda']}```\n{EXAMPLE_SUMMARY}"
+            return [Reply(text, None, None) for _ in prompts]
+
+    generate.main(["--tasks", str(tmp_path / "tasks"), "--out", str(out), "--n-trajectories", "1", "--turns", "1",
+                   "--device", "cuda"], backend=CudaScript())
+    [record] = read_records(out)
+    assert record["turns"][0]["eval"]["status"] == "correct", record["turns"][0]["eval"]["feedback"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see README)")
+def test_vllm_backend_runs_the_loop_on_the_tiny_model(tmp_path):
+    """The real command line, in a subprocess: vLLM starts its engine best from a fresh `__main__`."""
+    write_add_task(tmp_path / "tasks")
+    out = tmp_path / "rollouts.jsonl"
+    command = [sys.executable, str(ROOT / "generate.py"), "--backend", "vllm", "--gpu-memory-utilization", "0.3",
+               *run_args(tmp_path / "tasks", out, "--max-tokens", "16")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_records(out)
+    assert len(records) == 2
+    for turn in (t for r in records for t in r["turns"]):
+        reply = turn["reply"]
+        assert 0 < len(reply["token_ids"]) <= 16 and len(reply["logprobs"]) == len(reply["token_ids"])
+        assert all(lp <= 0 for lp in reply["logprobs"])
+        assert turn["prompt"]["token_ids"][:1] == [1]  # <|im_start|> of the tiny tokenizer
+        assert turn["eval"]["status"] in STATUSES
+    assert "mean speedup" in done.stderr
+
+
+class ChatServer(BaseHTTPRequestHandler):
+    """Stands in for an OpenAI-compatible server: fails the first request with a 500, then answers with
+    split-off reasoning and log-probs, recording every request body."""
+
+    bodies: list[dict] = []
+    headers_seen: list[str] = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        type(self).headers_seen.append(self.headers.get("Authorization"))
+        if len(type(self).bodies) == 1:
+            self.send_error(500)
+            return
+        answer = {"choices": [{"message": {"content": f"seed {body['seed']}", "reasoning_content": "hmm"},
+                               "logprobs": {"content": [{"token": "a", "logprob": -0.5},
+                                                        {"token": "b", "logprob": -1.5}]}}]}
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        """Keep the test output quiet."""
+
+
+def test_openai_backend_retries_keeps_order_and_rejoins_reasoning():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ChatServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        backend = OpenAIBackend("some-model", 0.9, 100, f"http://127.0.0.1:{server.server_port}/v1", "KEY",
+                                concurrency=1, retries=2)
+        replies = backend.generate([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], [7, 8])
+    finally:
+        server.shutdown()
+    assert [r.text for r in replies] == ["<think>hmm</think>seed 7", "<think>hmm</think>seed 8"]
+    assert replies[0].logprobs == [-0.5, -1.5] and replies[0].token_ids is None
+    assert len(ChatServer.bodies) == 3  # the failed request was sent again
+    assert ChatServer.bodies[1] == {"model": "some-model", "messages": [{"role": "user", "content": "a"}],
+                                    "temperature": 0.9, "max_tokens": 100, "seed": 7, "logprobs": True}
+    assert set(ChatServer.headers_seen) == {"Bearer KEY"}
+
+
+# ---------------------------------------------------------------- command line
+def test_help_is_quick_because_nothing_heavy_is_imported_at_the_top():
+    check = "import sys, generate; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.stdout.strip() == "[]"
+    done = subprocess.run([sys.executable, "generate.py", "--help"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)
+    assert done.returncode == 0 and "--n-trajectories" in done.stdout and "--context-budget" in done.stdout
+
+
+def test_paper_defaults():
+    args = generate.parse_args(["--out", "x.jsonl"])
+    assert (args.n_trajectories, args.turns, args.temperature, args.max_tokens) == (16, 4, 0.9, 16384)
+    assert args.model == "tiny" and args.backend == "hf"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tasks", "no/such/place"], "not a task file, a folder or a split"),
+    (["--split", "no-such-split"], "--split no-such-split"),
+    (["--gpus", "0,x"], "--gpus"),
+    (["--turns", "0"], "--turns must be at least 1"),
+])
+def test_bad_input_is_a_one_line_error(tmp_path, argv, message):
+    done = subprocess.run([sys.executable, "generate.py", "--out", str(tmp_path / "o.jsonl"), *argv],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_split_name_selects_that_split_of_the_shipped_tasks():
+    splits = json.loads((ROOT / "tasks" / "split.json").read_text())
+    name = next(iter(splits))
+    assert [t.id for t in generate.load_tasks(name, None)] == splits[name]
+    assert [t.id for t in generate.load_tasks(str(ROOT / "tasks"), name)] == splits[name]
