@@ -37,6 +37,7 @@ import math
 import multiprocessing as mp
 import os
 import queue
+import random
 import re
 import shutil
 import signal
@@ -76,6 +77,10 @@ class EvalConfig:
     """untimed runs per model before timing"""
     compile_baseline: bool = False
     """also time torch.compile(Model) and report speedup_vs_compile"""
+    min_own_kernel_share: float = 0.5
+    """least share of GPU time the candidate's own __global__ kernels must take (profiled); 0 turns it off"""
+    poison_bytes: int = 2 << 30
+    """free device memory filled with NaN before each correctness run (at most half of what is free)"""
     seed: int = 42
     """seed set before get_init_inputs and before building each model (KernelBench's convention)"""
     compile_workers: int = os.cpu_count() or 1
@@ -153,6 +158,15 @@ BANNED_IMPORTS = {"threading": "threads", "multiprocessing": "processes", "concu
                   "asyncio": "an event loop", "subprocess": "subprocesses", "ctypes": "ctypes"}
 
 
+NATIVE_THREADS = re.compile(r"std::thread|std::async|std::jthread|pthread_create")
+GLOBAL_FUNCTION = re.compile(r"__global__\s+[\w:<>,\s*&]*?\b(\w+)\s*\(")
+
+
+def kernel_names(code: str) -> list[str]:
+    """Names of the __global__ functions a candidate defines: its own kernels, as the profiler names them."""
+    return sorted(set(GLOBAL_FUNCTION.findall(re.sub(r"__launch_bounds__\s*\([^)]*\)", "", code))))
+
+
 def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
     """`nn.functional.relu` -> `torch.nn.functional.relu`, through the module's import aliases."""
     parts = []
@@ -180,44 +194,46 @@ def static_check(code: str, device: str) -> tuple[str, str] | None:
             for a in node.names:
                 aliases[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
                 if a.name.startswith("torch.nn.functional"):
-                    violations.append("imports torch.nn.functional (not allowed)")
+                    violations.append("[torch-functional] imports torch.nn.functional")
                 if a.name.split(".")[0] in BANNED_IMPORTS:
-                    violations.append(f"imports {a.name} ({BANNED_IMPORTS[a.name.split('.')[0]]} are not allowed)")
+                    violations.append(f"[threads] imports {a.name}: {BANNED_IMPORTS[a.name.split('.')[0]]} are not allowed")
         elif isinstance(node, ast.ImportFrom) and node.module:
             for a in node.names:
                 aliases[a.asname or a.name] = f"{node.module}.{a.name}"
             if node.module.startswith("torch.nn.functional") or (
                     node.module == "torch.nn" and any(a.name == "functional" for a in node.names)):
-                violations.append("imports torch.nn.functional (not allowed)")
+                violations.append("[torch-functional] imports torch.nn.functional")
             if node.module.split(".")[0] in BANNED_IMPORTS:
-                violations.append(f"imports {node.module} ({BANNED_IMPORTS[node.module.split('.')[0]]} are not allowed)")
+                violations.append(f"[threads] imports {node.module}: {BANNED_IMPORTS[node.module.split('.')[0]]} are not allowed")
     for node in ast.walk(tree):
         if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
-            violations.append(f"line {node.lineno}: try/except is not allowed (no fallback paths)")
+            violations.append(f"[try-except] line {node.lineno}: try/except is not allowed (no fallback paths)")
         elif isinstance(node, ast.Pass):
-            violations.append(f"line {node.lineno}: `pass` is not allowed")
+            violations.append(f"[pass] line {node.lineno}: `pass` is not allowed")
         elif isinstance(node, (ast.Attribute, ast.Name)):
             name = _dotted(node, aliases)
             if name and name.startswith("torch.nn.") and not name.startswith("torch.nn.init"):
                 member = name.split(".")[2]
                 if member == "functional":
-                    violations.append(f"line {node.lineno}: torch.nn.functional ({name}) is not allowed")
+                    violations.append(f"[torch-functional] line {node.lineno}: {name} is not allowed")
                 elif member not in ALLOWED_NN and member[:1].isupper():
-                    violations.append(f"line {node.lineno}: torch.nn.{member} is not allowed "
+                    violations.append(f"[torch-nn-layer] line {node.lineno}: torch.nn.{member} is not allowed "
                                       "(only Module, Parameter, containers and init)")
         if isinstance(node, ast.Call):
             name = _dotted(node.func, aliases)
             if (name and name.startswith("torch.") and not name.startswith(ALLOWED_TORCH_NAMESPACES)
                     and not name.startswith("torch.nn.") and name.split(".")[1] not in ALLOWED_TORCH_CALLS):
-                violations.append(f"line {node.lineno}: the PyTorch op {name}() is not allowed: "
+                violations.append(f"[torch-op] line {node.lineno}: the PyTorch op {name}() is not allowed: "
                                   "the work must be done by your own kernel")
     bases = {_dotted(b, {**aliases, "Model": "Model"}) or "" for b in classes["ModelNew"].bases}
     if "Model" in bases or any(b.endswith(".Model") for b in bases):
-        violations.append("ModelNew must not subclass the reference Model")
+        violations.append("[subclass-reference] ModelNew must not subclass the reference Model")
+    if NATIVE_THREADS.search(code):
+        violations.append("[threads] native code must not start threads (std::thread, pthread_create, std::async)")
     if "load_inline" not in code:
-        violations.append("no native kernel: build one with torch.utils.cpp_extension.load_inline")
-    elif device == "cuda" and "__global__" not in code:
-        violations.append("no CUDA kernel: cuda_sources must define a __global__ kernel")
+        violations.append("[no-kernel] no native kernel: build one with torch.utils.cpp_extension.load_inline")
+    elif device == "cuda" and not kernel_names(code):
+        violations.append("[no-kernel] no CUDA kernel: cuda_sources must define a __global__ kernel")
     if violations:
         unique = list(dict.fromkeys(violations))
         return "rejected", "Rejected by the rules:\n" + "\n".join(f"- {v}" for v in unique[:10])
@@ -368,43 +384,111 @@ def _flatten(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def _compare(candidate, reference, atol: float, rtol: float) -> tuple[str | None, float]:
-    """(why it is wrong, or None; max |difference|) for one trial's outputs."""
+def _identical(a, b) -> bool:
+    """Bitwise equal, NaN included."""
+    import torch
+
+    return torch.equal(a, b) or (a.is_floating_point() and a.shape == b.shape
+                                 and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+
+
+def _compare(candidate, reference, atol: float, rtol: float) -> tuple[str | None, str | None, float]:
+    """(status, why, max |difference|) for one trial's outputs; status None when they match.
+
+    What a correct but clumsy kernel gets wrong is `incorrect`; an output that could only pass by
+    gaming the check (a tensor subclass, no storage, NaN where the reference is finite) is `rejected`."""
     import torch
 
     cand, ref = _flatten(candidate), _flatten(reference)
     if len(cand) != len(ref):
-        return f"expected {len(ref)} outputs, got {len(cand)}", math.inf
+        return "incorrect", f"expected {len(ref)} outputs, got {len(cand)}", math.inf
     worst = 0.0
     for i, (c, r) in enumerate(zip(cand, ref)):
         where = f"output {i}: " if len(ref) > 1 else ""
         if not isinstance(r, torch.Tensor):
-            r = torch.as_tensor(r)
+            r = torch.as_tensor(r, device=c.device if isinstance(c, torch.Tensor) else None)
         if not isinstance(c, torch.Tensor):
-            return f"{where}expected a tensor, got {type(c).__name__}", math.inf
-        if c.shape != r.shape:
-            return f"{where}shape mismatch: expected {tuple(r.shape)}, got {tuple(c.shape)}", math.inf
-        if c.dtype != r.dtype:
-            return f"{where}dtype mismatch: expected {r.dtype}, got {c.dtype}", math.inf
+            return "incorrect", f"{where}expected a tensor, got {type(c).__name__}", math.inf
+        if type(c) is not torch.Tensor or c.layout != torch.strided:
+            return "rejected", f"[not-plain-tensor] {where}the output is a {type(c).__name__} ({c.layout}), " \
+                               "not a plain dense torch.Tensor", math.inf
         if c.device != r.device:
-            return f"{where}device mismatch: expected {r.device}, got {c.device}", math.inf
+            return "rejected", f"[not-plain-tensor] {where}the output is on {c.device}, not {r.device}", math.inf
+        if c.numel() and c.untyped_storage().data_ptr() == 0:
+            return "rejected", f"[not-plain-tensor] {where}the output has no storage", math.inf
+        if c.shape != r.shape:
+            return "incorrect", f"{where}shape mismatch: expected {tuple(r.shape)}, got {tuple(c.shape)}", math.inf
+        if c.dtype != r.dtype:
+            return "incorrect", f"{where}dtype mismatch: expected {r.dtype}, got {c.dtype}", math.inf
         c, r = c.detach().double(), r.detach().double()
         bad = ~torch.isfinite(c) & torch.isfinite(r)
         if bad.any():
-            return f"{where}{int(bad.sum())} NaN/Inf values where the reference is finite", math.inf
+            return "rejected", f"[nan-output] {where}{int(bad.sum())} NaN/Inf values where the reference is " \
+                               "finite (unwritten output memory reads as NaN here)", math.inf
         finite = torch.isfinite(r)
         diff = (c - r).abs()[finite]
         worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
         if not torch.allclose(c, r, atol=atol, rtol=rtol, equal_nan=True):
-            tol = (atol + rtol * r.abs())[finite]
-            n_bad = int((diff > tol).sum())
-            return (f"{where}{n_bad} of {r.numel()} values differ beyond atol={atol}, rtol={rtol} "
-                    f"(max abs difference {float(diff.max()):.4g})"), worst
-    return None, worst
+            n_bad = int((diff > (atol + rtol * r.abs())[finite]).sum())
+            return "incorrect", (f"{where}{n_bad} of {r.numel()} values differ beyond atol={atol}, rtol={rtol} "
+                                 f"(max abs difference {float(diff.max()):.4g})"), worst
+    return None, None, worst
+
+
+# What the check and the timing rely on, by identity: a candidate that replaces one is rejected.
+TRUSTED = {"torch": ("allclose", "equal", "isfinite", "as_tensor"), "torch.cuda": ("synchronize",),
+           "torch.cuda.Event": ("record", "elapsed_time", "synchronize"),
+           "torch.Tensor": ("clone", "__sub__", "abs", "double", "max", "__mul__", "copy_"),
+           "time": ("perf_counter",)}
+
+
+def _trusted_objects() -> dict:
+    import torch
+
+    owners = {"torch": torch, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
+              "torch.Tensor": torch.Tensor, "time": time}
+    objects = {f"{owner}.{name}": getattr(owners[owner], name) for owner, names in TRUSTED.items() for name in names}
+    objects.update({f"evaluate.{k}": v for k, v in globals().items() if inspect.isfunction(v)})
+    return objects
+
+
+def _own_kernel_share(model, args: list, names: list[str]) -> tuple[float, list[str]] | None:
+    """Share of GPU time spent in the candidate's own kernels during one call, and the other kernels;
+    None where the profiler sees no GPU activity at all."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model(*args)
+        torch.cuda.synchronize()
+    own_name = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b") if names else None
+    own = total = 0.0
+    others: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type != DeviceType.CUDA:
+            continue
+        us = event.time_range.elapsed_us()
+        total += us
+        if own_name and own_name.search(event.name):
+            own += us
+        else:
+            others[event.name[:60]] = others.get(event.name[:60], 0.0) + us
+    if total == 0:
+        return None
+    return own / total, sorted(others, key=others.get, reverse=True)[:3]
 
 
 def _run(payload: dict) -> dict:
-    """Build both models, check the candidate on fresh inputs, then time both alternately."""
+    """Build both models, check the candidate on fresh inputs, profile it, then time both alternately.
+
+    Defences, each named in the feedback when it fires: the candidate runs before the reference on its
+    own clone of fresh inputs, into memory poisoned with NaN; its inputs must come back unchanged; it
+    runs twice on the first input set and must agree with itself; its own kernels must do the work
+    (profiler); every timed output is checked too; the timer and the checks must still be the ones
+    this process started with."""
+    import threading
+
     import torch
 
     times = {}
@@ -412,8 +496,19 @@ def _run(payload: dict) -> dict:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
-    # Taken before the candidate is imported, so that a candidate patching them is caught below.
-    trusted = (torch.allclose, torch.cuda.synchronize, torch.cuda.Event.elapsed_time, time.perf_counter)
+    trusted = _trusted_objects()
+    threads = threading.active_count()
+
+    def rejected(rule_and_why: str) -> dict:
+        return {"rejected": rule_and_why, "times": times}
+
+    def tampering() -> dict | None:
+        changed = [name for name, obj in _trusted_objects().items() if trusted.get(name) is not obj]
+        if changed:
+            return rejected(f"[patched-checker] the candidate replaced {', '.join(changed[:3])}")
+        if threading.active_count() > threads:
+            return rejected("[threads] the candidate started a thread")
+        return None
 
     start = time.perf_counter()
     task = _import_task(payload["task"])
@@ -436,69 +531,136 @@ def _run(payload: dict) -> dict:
     def clone(inputs: list) -> list:
         return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
 
+    def changed(before: list, after: list) -> bool:
+        return any(isinstance(b, torch.Tensor) and not _identical(b, a) for b, a in zip(before, after))
+
     def sync():
         if cuda:
             torch.cuda.synchronize()
+
+    def poison():
+        """Fill free device memory with NaN, so that output memory the candidate never writes is NaN."""
+        if cuda:
+            free = torch.cuda.mem_get_info(device)[0]
+            torch.empty(min(free // 2, payload["poison_bytes"]) // 4, device=device).fill_(float("nan"))
+
+    def run_candidate(inputs: list):
+        """The candidate's output, its (possibly modified) arguments, and whether the output was still
+        being written by work not ordered before the current stream when forward returned."""
+        poison()
+        args = clone(inputs)
+        out = model(*args)
+        # A copy queued on the current stream sees what a caller would see; a device-wide sync then lets
+        # any work left on a side stream finish. If the two differ, the caller would read a half result.
+        snapshot = [o.clone() if isinstance(o, torch.Tensor) else o for o in _flatten(out)]
+        sync()
+        unsynchronized = any(isinstance(o, torch.Tensor) and not _identical(o, c)
+                             for o, c in zip(_flatten(out), snapshot))
+        return out, args, unsynchronized
 
     start = time.perf_counter()
     worst = 0.0
     with torch.no_grad():
         for trial in range(payload["correct_trials"]):
             inputs = make_inputs(payload["seed"] + 1 + trial)
-            stage = "candidate"
             try:
-                out = model(*clone(inputs))  # the candidate runs first: no reference result to inherit
-                sync()
+                out, args, unsynchronized = run_candidate(inputs)  # first: no reference result to inherit
+                again = run_candidate(inputs)[0] if trial == 0 else None
             except Exception as e:
-                return {"stage": stage, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            expected = reference(*clone(inputs))
+                return {"stage": "candidate", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            if unsynchronized:
+                return rejected("[unsynchronized-stream] the output was still being written when forward "
+                                "returned: synchronise side streams with the current stream before returning")
+            ref_args = clone(inputs)
+            expected = reference(*ref_args)
             sync()
-            why, diff = _compare(out, expected, payload["atol"], payload["rtol"])
+            status, why, diff = _compare(out, expected, payload["atol"], payload["rtol"])
             worst = max(worst, diff)
-            if why:
+            if status == "rejected":
+                return rejected(why)
+            if status:
                 return {"incorrect": f"trial {trial + 1} of {payload['correct_trials']}: {why}",
                         "max_abs_diff": diff, "times": times}
-            del out, expected, inputs
+            if changed(inputs, args) and not changed(inputs, ref_args):
+                return rejected("[modifies-inputs] the candidate changed its input tensors in place")
+            if again is not None and _compare(again, out, payload["atol"], payload["rtol"])[0]:
+                return rejected("[nondeterministic] two runs on the same inputs disagree "
+                                "(a race, or memory read before it is written)")
+            del out, again, expected, inputs, args, ref_args
     times["correctness"] = time.perf_counter() - start
-    if (torch.allclose, torch.cuda.synchronize, torch.cuda.Event.elapsed_time, time.perf_counter) != trusted:
-        return {"rejected": "the candidate replaced a timing or checking function (timer, synchronize or allclose)"}
+    if tampered := tampering():
+        return tampered
+
+    timing_inputs = [make_inputs(payload["seed"] + 1000 + i) for i in range(2)]
+
+    def fresh(inputs: list) -> list:
+        """A new buffer with slightly new values every trial: nothing can be cached by pointer or content."""
+        out = []
+        for x in inputs:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                x = x * (1 + 1e-3 * (torch.rand_like(x) - 0.5))
+            out.append(x.clone() if isinstance(x, torch.Tensor) else x)
+        return out
+
+    share = None
+    if cuda and payload["min_own_kernel_share"] > 0:
+        with torch.no_grad():
+            measured = _own_kernel_share(model, fresh(timing_inputs[0]), payload["kernel_names"])
+            reference_seen = _own_kernel_share(reference, fresh(timing_inputs[0]), [])
+        if measured is None and reference_seen is not None:
+            return rejected("[own-kernels-idle] no GPU kernel ran during the candidate's forward")
+        if measured is not None:
+            share, others = measured
+            if share < payload["min_own_kernel_share"]:
+                return rejected(f"[own-kernels-idle] your own kernels did {share:.0%} of the GPU work; the rest "
+                                f"ran in library kernels ({'; '.join(others)})")
 
     start = time.perf_counter()
     models = {"candidate": model, "reference": reference}
     if payload["compile_baseline"]:
         models["compiled"] = torch.compile(reference)
-    timing_inputs = [make_inputs(payload["seed"] + 1000 + i) for i in range(2)]
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=device) if cuda else None
 
-    def timed(fn, inputs) -> float:
-        args = clone(inputs)  # a new buffer every trial: results cannot be cached by pointer
+    def timed(fn, args: list) -> tuple[float, object]:
         if cuda:
             flush.zero_()  # evict the inputs and last results from L2
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            fn(*args)
+            out = fn(*args)
             torch.cuda.synchronize()  # device-wide: work left on side streams is counted
             end.record()
             end.synchronize()
-            return begin.elapsed_time(end)
+            return begin.elapsed_time(end), out
         begin = time.perf_counter()
-        fn(*args)
-        return (time.perf_counter() - begin) * 1e3
+        out = fn(*args)
+        return (time.perf_counter() - begin) * 1e3, out
 
     samples = {name: [] for name in models}
+    spot_check = random.Random(os.urandom(8))  # which timed outputs get checked: unknowable in advance
     with torch.no_grad():
-        for name, fn in models.items():
-            for i in range(payload["warmup"]):
-                timed(fn, timing_inputs[i % 2])
+        for i in range(payload["warmup"]):
+            for fn in models.values():
+                timed(fn, fresh(timing_inputs[i % 2]))
         deadline = time.perf_counter() + payload["timing_budget_s"]
         for trial in range(payload["timing_trials"]):
+            args = fresh(timing_inputs[trial % 2])
+            outputs = {}
             for name, fn in models.items():  # alternate, so that clock drift hits both alike
-                samples[name].append(timed(fn, timing_inputs[trial % 2]))
+                ms, outputs[name] = timed(fn, clone(args))
+                samples[name].append(ms)
+            checked = trial in (0, payload["timing_trials"] - 1) or spot_check.random() < 0.25
+            if checked and _compare(outputs["candidate"], outputs["reference"], payload["atol"], payload["rtol"])[0]:
+                return rejected(f"[changed-during-timing] timed run {trial + 1} returned a wrong result "
+                                "after the correctness trials had passed")
+            del outputs
             if trial + 1 >= 10 and time.perf_counter() > deadline:
                 break
     times["timing"] = time.perf_counter() - start
+    if tampered := tampering():
+        return tampered
     medians = {name: sorted(s)[len(s) // 2] for name, s in samples.items()}
-    return {"medians": medians, "trials": len(samples["candidate"]), "max_abs_diff": worst, "times": times}
+    return {"medians": medians, "trials": len(samples["candidate"]), "max_abs_diff": worst, "times": times,
+            "own_kernel_share": share}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -556,7 +718,7 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
                                      if re.search(r"error|Error|fault|abort|Abort", ln)))
         return make_result("runtime_error", f"Runtime error: {outcome['crash']}." + (f"\n{log}" if log else ""))
     if "rejected" in outcome:
-        return make_result("rejected", f"Rejected by the rules:\n- {outcome['rejected']}")
+        return make_result("rejected", f"Rejected by the rules:\n- {outcome['rejected']}", time_s=outcome["times"])
     if "incorrect" in outcome:
         return make_result("incorrect", f"Incorrect output: {outcome['incorrect']}.",
                            max_abs_diff=outcome["max_abs_diff"], time_s=outcome["times"])
@@ -575,7 +737,8 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
         f"Correct. Your kernel runs in {cand:.4g} ms against {ref:.4g} ms for the PyTorch reference: "
         f"a speedup of {speedup:.2f}x. It can be made faster.",
         runtime_ms=cand, ref_runtime_ms=ref, speedup=speedup, max_abs_diff=outcome["max_abs_diff"],
-        time_s=outcome["times"], timing_trials=outcome["trials"], **extra)
+        time_s=outcome["times"], timing_trials=outcome["trials"], own_kernel_share=outcome["own_kernel_share"],
+        **extra)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -701,7 +864,9 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
             payload = {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
                        "correct_trials": cfg.correct_trials, "atol": cfg.atol, "rtol": cfg.rtol,
                        "timing_trials": cfg.timing_trials, "timing_budget_s": cfg.timing_budget_s,
-                       "warmup": cfg.warmup, "compile_baseline": cfg.compile_baseline}
+                       "warmup": cfg.warmup, "compile_baseline": cfg.compile_baseline,
+                       "min_own_kernel_share": cfg.min_own_kernel_share, "poison_bytes": cfg.poison_bytes,
+                       "kernel_names": kernel_names(Path(candidate).read_text())}
             outcome = run_in_child("run", payload, env, cfg.run_timeout_s,
                                    str(Path(candidate).with_name("run.log")))
             result = build_feedback(outcome, build_root=build_root, candidate_path=candidate,
@@ -753,14 +918,63 @@ def summary_table(evals: list[dict], records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def library_records(kind: str) -> list[dict]:
-    """The shipped hand-written candidates for 'cuda' or 'cpu', one record per file.
+def library_records(folder: str | Path) -> list[dict]:
+    """Hand-written candidates, one record per file, such as those in solutions/cuda/ and solutions/cpu/.
 
-    Files are `solutions/<kind>/<level>/<task stem>.<expected status>_<what>.py`, so the library
-    checks itself: each file's name says what the evaluator must answer."""
-    files = sorted((ROOT / "solutions" / kind).rglob("*.py"))
+    Files are `<level>/<task stem>.<expected status>_<what>.py`, so such a library checks itself: each
+    file's name says what the evaluator must answer (for a rejection, `what` is the rule's name)."""
+    files = sorted(Path(folder).rglob("*.py"))
     return [{"task": f"{f.parent.name}/{f.name.split('.')[0]}", "code": f.read_text(),
              "solution": f"{f.parent.name}/{f.name.removesuffix('.py')}"} for f in files]
+
+
+def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) -> list[str]:
+    """Why a task is degenerate, if it is: a kernel could pass it without computing what it asks.
+
+    Three outputs, from (init seed, input seed) = (42, 1), (42, 2) and (43, 1): the first must not be
+    nearly constant, must change with the inputs, and (where the model has parameters) with them."""
+    import torch
+
+    task = _import_task(str(path))
+
+    def output(init_seed: int, input_seed: int):
+        torch.manual_seed(init_seed)
+        init_inputs = task.get_init_inputs()
+        torch.manual_seed(init_seed)
+        model = task.Model(*init_inputs).to(device).eval()
+        torch.manual_seed(input_seed)
+        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
+        with torch.no_grad():
+            out = model(*inputs)
+        return [torch.as_tensor(o).double() for o in _flatten(out)], any(True for _ in model.parameters())
+
+    def same(a: list, b: list) -> bool:
+        return all(x.shape == y.shape and torch.allclose(x, y, atol=atol, rtol=rtol) for x, y in zip(a, b))
+
+    base, has_parameters = output(42, 1)
+    flags = []
+    if same(base, [torch.full_like(o, float(o.mean())) for o in base]):
+        flags.append("nearly constant output")
+    if same(base, output(42, 2)[0]):
+        flags.append("output does not depend on the inputs")
+    if has_parameters and same(base, output(43, 1)[0]):
+        flags.append("output does not depend on the parameters")
+    return flags
+
+
+def check_tasks(folder: str, device: str) -> int:
+    """Print a table of every task's flags; the number of flagged tasks."""
+    from tqdm import tqdm
+
+    tasks = load_tasks(folder)
+    flagged = 0
+    lines = ["| task | flags |", "|---|---|"]
+    for task_id, path in tqdm(tasks.items(), desc="checking tasks", file=sys.stderr):
+        flags = check_task(path, device)
+        flagged += bool(flags)
+        lines.append(f"| {task_id} | {'; '.join(flags) or 'ok'} |")
+    print("\n".join(lines) + f"\n\n{flagged} of {len(tasks)} tasks flagged", file=sys.stderr)
+    return flagged
 
 
 def read_records(source: str) -> list[dict]:
@@ -804,6 +1018,8 @@ def main(argv=None):
                    help="time budget for the timed runs of one candidate (at least 10 trials)")
     p.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed runs per model first")
     p.add_argument("--compile-baseline", action="store_true", help="also time torch.compile(Model)")
+    p.add_argument("--min-own-kernel-share", type=float, default=defaults.min_own_kernel_share,
+                   help="least share of GPU time in the candidate's own kernels (profiled; 0 turns it off)")
     p.add_argument("--seed", type=int, default=defaults.seed, help="seed before init inputs and each model")
     p.add_argument("--compile-workers", type=int, default=defaults.compile_workers,
                    help="candidates built at once")
@@ -813,7 +1029,11 @@ def main(argv=None):
                    help="limit for checking and timing one candidate")
     p.add_argument("--build-dir", default=defaults.build_dir, help="extension build cache")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--check-tasks", metavar="DIR", help="instead of evaluating, flag degenerate tasks in DIR "
+                   "(constant output, or insensitive to inputs or parameters); exit status 1 if any")
     args = p.parse_args(argv)
+    if args.check_tasks:
+        sys.exit(1 if check_tasks(args.check_tasks, resolve_device(EvalConfig(device=args.device))[1][0]) else 0)
 
     try:
         gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
@@ -824,7 +1044,8 @@ def main(argv=None):
     cfg = EvalConfig(device=args.device, gpus=gpus, tasks=tasks, correct_trials=args.correct_trials,
                      atol=args.atol, rtol=args.rtol, timing_trials=args.timing_trials,
                      timing_budget_s=args.timing_budget_s, warmup=args.warmup,
-                     compile_baseline=args.compile_baseline, seed=args.seed,
+                     compile_baseline=args.compile_baseline, min_own_kernel_share=args.min_own_kernel_share,
+                     seed=args.seed,
                      compile_workers=args.compile_workers, compile_timeout_s=args.compile_timeout_s,
                      run_timeout_s=args.run_timeout_s, build_dir=args.build_dir, progress=not args.no_progress)
     source = args.input
@@ -832,7 +1053,7 @@ def main(argv=None):
         kind, _ = resolve_device(cfg)
         source = f"solutions/{kind}"
         print(f"no input: evaluating the hand-written candidates in {source}/", file=sys.stderr)
-        records = library_records(kind)
+        records = library_records(ROOT / "solutions" / kind)
     else:
         records = read_records(source)
     index = load_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
@@ -846,7 +1067,8 @@ def main(argv=None):
     if args.output and Path(args.output).exists():
         done = sum(1 for line in Path(args.output).read_text().splitlines() if line.strip())
         print(f"resuming: {done} of {len(records)} already in {args.output}", file=sys.stderr)
-    out = open(args.output, "a") if args.output else sys.stdout
+    # The demo prints only its table unless asked to keep the records; a pipeline gets them on stdout.
+    out = open(args.output, "a") if args.output else open(os.devnull, "w") if args.input is None else sys.stdout
     pending, written = {}, []
 
     def write_in_order(i: int, result: dict):
@@ -858,7 +1080,7 @@ def main(argv=None):
             written.append(result)
 
     evaluate(records[done:], cfg, on_result=write_in_order)
-    if args.output:
+    if out is not sys.stdout:
         out.close()
     print(summary_table(written, records[done:]), file=sys.stderr)
 

@@ -22,7 +22,7 @@ def main():
     args = p.parse_args()
 
     kind, _ = ev.resolve_device(ev.EvalConfig(device=args.device))
-    records = [r for r in ev.library_records(kind) if ".correct_" in r["solution"]]
+    records = [r for r in ev.library_records(ev.ROOT / "solutions" / kind) if ".correct_" in r["solution"]]
     tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
     runs = [ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks)) for _ in range(args.runs)]
 

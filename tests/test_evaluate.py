@@ -63,16 +63,23 @@ def test_a_legitimate_solution_passes_the_static_rules():
     assert ev.static_check(LEGAL, "cuda") is None
 
 
+def test_kernel_names_are_read_from_global_functions_in_any_style():
+    code = ("__global__ void a(float* x) {}\ntemplate <int N> __global__ void __launch_bounds__(256, 2) b(int n)"
+            " {}\n__global__ static void c (int)")
+    assert ev.kernel_names(code) == ["a", "b", "c"]
+
+
 @pytest.mark.parametrize("change, rule", [
-    (("return ext.k", "return torch.relu(x) if x is None else ext.k"), "torch.relu() is not allowed"),
+    (("return ext.k", "return torch.relu(x) if x is None else ext.k"), "[torch-op]"),
     (("out = torch.empty_like(x)", "out = x.new_empty(1)\n        try:\n            out = 1\n        except Exception:\n            out = 2"),
-     "try/except"),
-    (("self.blocks = nn.ModuleList()", "self.blocks = nn.ModuleList()\n        if n:\n            pass"), "`pass`"),
-    (("import math", "import math\nimport torch.nn.functional as F"), "torch.nn.functional"),
-    (("self.blocks = nn.ModuleList()", "self.conv = nn.Conv2d(3, 3, 3)"), "torch.nn.Conv2d"),
-    (("class ModelNew(nn.Module)", "class ModelNew(Model)"), "must not subclass the reference"),
-    (("import math", "import math\nimport threading"), "threading"),
-    (("__global__ void k() {}", "void k() {}"), "no CUDA kernel"),
+     "[try-except]"),
+    (("self.blocks = nn.ModuleList()", "self.blocks = nn.ModuleList()\n        if n:\n            pass"), "[pass]"),
+    (("import math", "import math\nimport torch.nn.functional as F"), "[torch-functional]"),
+    (("self.blocks = nn.ModuleList()", "self.conv = nn.Conv2d(3, 3, 3)"), "[torch-nn-layer]"),
+    (("class ModelNew(nn.Module)", "class ModelNew(Model)"), "[subclass-reference]"),
+    (("import math", "import math\nimport threading"), "[threads]"),
+    (("void k() {}", "void k() { std::thread t([]{}); t.detach(); }"), "[threads]"),
+    (("__global__ void k() {}", "void k() {}"), "[no-kernel]"),
 ])
 def test_each_static_rule_rejects_and_names_itself(change, rule):
     status, feedback = ev.static_check(LEGAL.replace(*change), "cuda")
@@ -82,7 +89,7 @@ def test_each_static_rule_rejects_and_names_itself(change, rule):
 
 def test_a_solution_without_load_inline_has_no_native_kernel():
     status, feedback = ev.static_check("import torch\nclass ModelNew(torch.nn.Module):\n    x = 1\n", "cpu")
-    assert status == "rejected" and "no native kernel" in feedback
+    assert status == "rejected" and "[no-kernel] no native kernel" in feedback
 
 
 def test_a_syntax_error_is_a_compile_error_and_a_missing_modelnew_a_format_error():
@@ -112,12 +119,40 @@ def test_an_unknown_task_is_a_clear_error():
         ev.resolve_task("level9/nope", ev.load_tasks(ROOT / "tasks"))
 
 
+DEGENERATE_TASK = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return torch.softmax(x.sum(dim=1, keepdim=True), dim=1) * (1 + 0 * self.w)
+
+def get_inputs():
+    return [torch.randn(64, 32)]
+
+def get_init_inputs():
+    return [32]
+"""
+
+
+def test_the_task_check_flags_a_degenerate_task_and_passes_real_ones(tmp_path):
+    (tmp_path / "softmax_of_one.py").write_text(DEGENERATE_TASK)
+    assert ev.check_task(tmp_path / "softmax_of_one.py", "cpu") == [
+        "nearly constant output", "output does not depend on the inputs", "output does not depend on the parameters"]
+    for path in ev.load_tasks(ROOT / "tests" / "tasks").values():
+        assert ev.check_task(path, "cpu") == []
+
+
 # ------------------------------------------------------------------------- real builds and runs on the CPU
 
 @pytest.fixture(scope="module")
 def cpu_results():
     """Every hand-written C++ candidate plus process-killing variants, evaluated in one batch."""
-    records = ev.library_records("cpu")
+    records = ev.library_records(ROOT / "solutions" / "cpu")
     correct = next(r for r in records if r["solution"].endswith("correct_loop"))
     exits = [("runtime_error_sys_exit", "import sys; sys.exit(0)"),
              ("runtime_error_os_exit", "import os; os._exit(3)")]
@@ -173,6 +208,21 @@ def test_incorrect_output_says_how_far_off_it_is(cpu_results):
     assert "differ beyond atol=0.01" in e["feedback"] and e["max_abs_diff"] > 0.01
 
 
+@pytest.fixture(scope="module")
+def cpu_adversarial_results():
+    records = ev.library_records(ROOT / "tests" / "adversarial" / "cpu")
+    return records, ev.evaluate(records, ev.EvalConfig(**CPU))
+
+
+def test_every_cpu_trick_is_rejected_by_the_rule_its_name_gives(cpu_adversarial_results):
+    records, results = cpu_adversarial_results
+    assert len(records) >= 7
+    for record, e in zip(records, results):
+        rule = record["solution"].split(".rejected_")[1]
+        assert (e["status"], f"[{rule}]" in e["feedback"]) == ("rejected", True), (record["solution"], e["feedback"])
+        assert not e["correct"] and e["speedup"] is None
+
+
 # --------------------------------------------------------------------------------------------------- CLI
 
 def run_cli(*args, stdin=None):
@@ -225,8 +275,8 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 @pytest.fixture(scope="module")
 def cuda_results():
-    records = ev.library_records("cuda")
-    return records, ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=90, progress=False))
+    records = ev.library_records(ROOT / "solutions" / "cuda")
+    return records, ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=45, progress=False))
 
 
 @pytest.mark.gpu
@@ -238,6 +288,24 @@ def test_every_cuda_candidate_gets_the_status_its_name_promises(cuda_results):
     for e in results:
         if e["correct"]:
             assert 0.01 < e["speedup"] < 100 and e["timing_trials"] >= 10
+
+
+@pytest.fixture(scope="module")
+def cuda_adversarial_results():
+    records = ev.library_records(ROOT / "tests" / "adversarial" / "cuda")
+    return records, ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=60, progress=False))
+
+
+@pytest.mark.gpu
+@gpu
+def test_every_cuda_trick_earns_nothing_and_a_rejection_names_its_rule(cuda_adversarial_results):
+    records, results = cuda_adversarial_results
+    assert len(records) >= 11
+    for record, e in zip(records, results):
+        status = expected_status(record)
+        assert e["status"] == status and not e["correct"], (record["solution"], e["feedback"])
+        if status == "rejected":
+            assert f"[{record['solution'].split('.rejected_')[1]}]" in e["feedback"], e["feedback"]
 
 
 @pytest.mark.gpu

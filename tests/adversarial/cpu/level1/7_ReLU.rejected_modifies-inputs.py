@@ -1,0 +1,17 @@
+"""Computes ReLU in place in its input and returns it: right values, but the caller's tensor is gone."""
+import torch
+from torch.utils.cpp_extension import load_inline
+
+source = """
+torch::Tensor relu(torch::Tensor x) {
+    float* p = x.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] = p[i] > 0.f ? p[i] : 0.f;
+    return x;
+}
+"""
+ext = load_inline(name="adv_in_place", cpp_sources=source, functions=["relu"])
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return ext.relu(x)

@@ -1,0 +1,20 @@
+"""Replaces torch.allclose with a function that always agrees: the checker must notice."""
+import torch
+from torch.utils.cpp_extension import load_inline
+
+source = """
+torch::Tensor relu(torch::Tensor x) {
+    auto out = torch::empty_like(x);
+    const float* in = x.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) o[i] = in[i] > 0.f ? in[i] : 0.f;
+    return out;
+}
+"""
+ext = load_inline(name="adv_honest_relu", cpp_sources=source, functions=["relu"])
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        torch.allclose = lambda *args, **kwargs: True
+        return ext.relu(x.contiguous())
