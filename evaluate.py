@@ -696,7 +696,7 @@ def _last_frames(tb: str, candidate_path: str, limit: int = 6) -> str:
 def _first_lines(message: str, n: int = 4) -> str:
     lines = [ln for ln in message.splitlines() if ln.strip()]
     lines = [ln for ln in lines if "CUDA_LAUNCH_BLOCKING" not in ln and "TORCH_USE_CUDA_DSA" not in ln
-             and "asynchronously reported" not in ln]
+             and "asynchronously reported" not in ln and not ln.startswith("Search for")]
     return "\n".join(lines[:n])[:1500]
 
 

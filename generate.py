@@ -275,16 +275,24 @@ class Reply:
 
 
 class HFBackend:
-    """transformers `generate`, batched with left padding; log-probs from the per-step scores."""
+    """transformers `generate`, batched with left padding; log-probs from the per-step scores.
 
-    def __init__(self, model: str, temperature: float, max_tokens: int):
+    `model` is a path or hub id to load, or a model already in memory (train.py's policy), which then
+    comes with its `tokenizer` (padding on the left). `synced_gpus` keeps every rank stepping until all
+    are done, which sharded models (FSDP, ZeRO-3) need because each forward pass gathers parameters."""
+
+    def __init__(self, model, temperature: float, max_tokens: int, tokenizer=None, synced_gpus: bool = False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype="auto").to(device).eval()
-        self.temperature, self.max_tokens = temperature, max_tokens
+        if isinstance(model, (str, os.PathLike)):
+            tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            model = AutoModelForCausalLM.from_pretrained(model, dtype="auto").to(device).eval()
+        elif tokenizer is None:
+            raise ValueError("HFBackend: a model object needs its tokenizer")
+        self.model, self.tokenizer = model, tokenizer
+        self.temperature, self.max_tokens, self.synced_gpus = temperature, max_tokens, synced_gpus
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else self.tokenizer.eos_token_id])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
@@ -307,7 +315,7 @@ class HFBackend:
             out = self.model.generate(
                 **batch, do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
                 max_new_tokens=self.max_tokens, output_scores=True, return_dict_in_generate=True,
-                pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
+                pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids), synced_gpus=self.synced_gpus,
             )
         logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
         new_tokens = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
@@ -323,7 +331,7 @@ class VLLMBackend:
     """Offline `vllm.LLM`; prompts go in as token ids so the recorded ids are exactly what the model saw."""
 
     def __init__(self, model: str, temperature: float, max_tokens: int, tensor_parallel_size: int,
-                 memory_utilization: float, seed: int):
+                 memory_utilization: float, seed: int, enable_sleep_mode: bool = False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
@@ -331,7 +339,8 @@ class VLLMBackend:
         self.SamplingParams, self.TokensPrompt = SamplingParams, TokensPrompt
         # processed_logprobs: log-probs after temperature, i.e. of the distribution actually sampled
         self.llm = LLM(model=model, tensor_parallel_size=tensor_parallel_size, seed=seed,
-                       gpu_memory_utilization=memory_utilization, logprobs_mode="processed_logprobs")
+                       gpu_memory_utilization=memory_utilization, logprobs_mode="processed_logprobs",
+                       enable_sleep_mode=enable_sleep_mode)
         self.tokenizer = self.llm.get_tokenizer()
         self.temperature, self.max_tokens = temperature, max_tokens
 

@@ -1,0 +1,441 @@
+"""train.py: the GRPO loss by hand, masking and normalisation, one real optimizer step, the offline, online,
+two-process and resumed runs of the script itself, LoRA, and the weight push into vLLM."""
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train
+from generate import HFBackend
+from tiny_model import build_tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- helpers
+@pytest.fixture(scope="module")
+def tiny():
+    """(model, tokenizer) of the tiny model, in float32 and eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tiny_model()
+    return (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(path, padding_side="left"))
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)
+
+
+def reply_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+
+
+def reply_logprobs_unpadded(model, sample: train.Sample, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of the reply tokens from one plain forward pass over prompt + reply, no padding at all."""
+    ids = torch.tensor([sample.prompt_ids + sample.reply_ids])
+    logits = model(ids).logits[0, len(sample.prompt_ids) - 1:-1]
+    return train.token_logprobs(logits, torch.tensor(sample.reply_ids), temperature)
+
+
+def write_rollouts(path: Path, tokenizer, model) -> Path:
+    """A hand-made trajectory file as generate.py writes it (no rewards yet): 4 tasks x 2 trajectories x 2
+    turns with real token ids of the tiny tokenizer; in each task one kernel is correct. Trajectory 0 has
+    sampling log-probs (the tiny model's, at temperature 0.9), trajectory 1 has none."""
+    records = []
+    for t, task in enumerate(["toy/add", "toy/mul", "toy/relu", "toy/scan"]):
+        for k in range(2):
+            turns = []
+            for turn in range(2):
+                prompt = prompt_ids(tokenizer, f"Write a kernel for {task}, attempt {turn + 1}.")
+                text = f"Attempt {k}{turn}: ```python\nclass ModelNew: {task} {k * 7 + turn}\n```\nI wrote a loop."
+                reply = reply_ids(tokenizer, text)
+                correct = (k, turn) == (t % 2, 1)
+                logprobs = None
+                if k == 0:
+                    with torch.no_grad():
+                        logprobs = reply_logprobs_unpadded(model, train.Sample(prompt, reply, None, 0.0), 0.9).tolist()
+                turns.append({"turn": turn,
+                              "prompt": {"messages": [{"role": "user", "content": "..."}], "token_ids": prompt},
+                              "reply": {"text": text, "token_ids": reply, "logprobs": logprobs},
+                              "code": "...", "summary": "I wrote a loop.",
+                              "eval": {"status": "correct" if correct else "incorrect", "compiled": True,
+                                       "correct": correct, "speedup": 1.5 if correct else None, "feedback": "..."}})
+            records.append({"task": task, "trajectory": k, "turns": turns})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def run_train(*args: str, launcher: list[str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    command = [*(launcher or [sys.executable]), str(ROOT / "train.py"), *args]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+def offline_args(rollouts: Path, out: Path) -> list[str]:
+    """Two steps, of three tasks and of one (so with two processes a rank has nothing to train on at
+    times); a large learning rate so that one update visibly moves the weights."""
+    return ["--rollouts", str(rollouts), "--output-dir", str(out), "--lr", "1e-3", "--max-tokens", "64",
+            "--tasks-per-step", "3", "--micro-batch-size", "2", "--save-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory, tiny):
+    model, tokenizer = tiny
+    return write_rollouts(tmp_path_factory.mktemp("rollouts") / "rollouts.jsonl", tokenizer, model)
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory, rollouts):
+    """One process, the whole file: the run the others are compared with."""
+    out = tmp_path_factory.mktemp("offline")
+    done = run_train(*offline_args(rollouts, out))
+    return out, done
+
+
+# ---------------------------------------------------------------- the loss by hand
+def test_loss_on_a_fixed_batch_equals_the_hand_computation():
+    # ratios r = exp(logprob - old); row 0 has advantage +2, row 1 advantage -1; row 0's last slot is padding
+    ratios = torch.tensor([[1.5, 0.5, 9.0], [0.5, 1.5, 1.1]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    advantages = torch.tensor([[2.0], [-1.0]])
+    token_loss, clipped = train.clipped_surrogate(ratios.log(), torch.zeros(2, 3), advantages, 0.2, 0.28)
+    # -min(r A, clip(r, 0.8, 1.28) A):
+    #   r 1.5, A +2: min(3.0, 2.56)    -> -2.56 (clipped above)   r 0.5, A +2: min(1.0, 1.6)   -> -1.0
+    #   r 0.5, A -1: min(-0.5, -0.8)   ->  0.8  (clipped below)   r 1.5, A -1: min(-1.5, -1.28) -> 1.5
+    #   r 1.1, A -1: min(-1.1, -1.1)   ->  1.1
+    expected = torch.tensor([[-2.56, -1.0], [0.8, 1.5]])
+    assert torch.allclose(token_loss[:, :2], expected, atol=1e-6)
+    assert token_loss[1, 2].item() == pytest.approx(1.1, abs=1e-6)
+    assert clipped[mask].tolist() == [True, False, True, False, False]
+    # Dr. GRPO: (-2.56 - 1.0 + 0.8 + 1.5 + 1.1) / (max tokens 4 x 2 samples) = -0.16 / 8
+    assert train.constant_normalised_sum(token_loss, mask, 4 * 2).item() == pytest.approx(-0.02, abs=1e-6)
+
+
+def gradient_at(ratio: float, advantage: float) -> float:
+    logprob = torch.tensor([math.log(ratio)], requires_grad=True)
+    loss, _ = train.clipped_surrogate(logprob, torch.zeros(1), torch.tensor([advantage]), 0.2, 0.28)
+    loss.sum().backward()
+    return logprob.grad.item()
+
+
+def test_clip_higher_lets_good_tokens_rise_to_1_28_but_bad_ones_fall_only_to_0_8():
+    assert gradient_at(1.25, +1.0) != 0 and gradient_at(1.30, +1.0) == 0  # eps_high 0.28
+    assert gradient_at(0.82, -1.0) != 0 and gradient_at(0.78, -1.0) == 0  # eps_low 0.2
+    # the other side is never clipped: a good token that fell, a bad token that rose, keep their gradient
+    assert gradient_at(0.5, +1.0) != 0 and gradient_at(1.5, -1.0) != 0
+
+
+def test_dr_grpo_divides_by_a_constant_so_every_reply_token_weighs_the_same():
+    token_losses = torch.ones(2, 3, requires_grad=True)
+    mask = torch.tensor([[False, False, True], [True, True, True]])  # replies of 1 and 3 tokens
+    loss = train.constant_normalised_sum(token_losses, mask, 4 * 2)
+    assert loss.item() == pytest.approx(4 / 8)  # a per-reply mean would give (1 + 1) / 2 = 1
+    loss.backward()
+    assert token_losses.grad[mask].tolist() == [1 / 8] * 4 and token_losses.grad[~mask].tolist() == [0.0] * 2
+
+
+def test_learning_rate_warms_up_linearly_then_stays_constant():
+    # 3% of 100 updates = 3 warm-up updates
+    rates = [train.learning_rate(u, 100, 3e-6, 0.03) for u in (0, 1, 2, 3, 99)]
+    assert rates == pytest.approx([1e-6, 2e-6, 3e-6, 3e-6, 3e-6])
+    assert train.learning_rate(0, 10, 2e-6, 0.0) == 2e-6
+
+
+def test_kl_estimate_is_zero_at_the_reference_and_positive_elsewhere():
+    assert train.kl_k3(torch.tensor([-1.0]), torch.tensor([-1.0])).item() == 0.0
+    # d = ref - policy = 0.5: exp(0.5) - 0.5 - 1
+    assert train.kl_k3(torch.tensor([-1.5]), torch.tensor([-1.0])).item() == pytest.approx(math.exp(0.5) - 1.5)
+
+
+# ---------------------------------------------------------------- masking, padding, the real model
+def test_only_reply_tokens_are_in_the_loss_whatever_the_padding(tiny):
+    model, tokenizer = tiny
+    short = train.Sample(prompt_ids(tokenizer, "Hi."), reply_ids(tokenizer, "def f(): return 1"), None, 1.0)
+    long = train.Sample(prompt_ids(tokenizer, "Write a CUDA kernel for a softmax over rows, please."),
+                        reply_ids(tokenizer, "ok"), None, 2.0)
+    batch = train.collate([short, long], tokenizer.pad_token_id)
+    assert batch["reply_mask"].sum().item() == len(short.reply_ids) + len(long.reply_ids)
+    for row, sample in enumerate([short, long]):
+        assert batch["targets"][row][batch["reply_mask"][row]].tolist() == sample.reply_ids
+    # old log-prob 0 makes the ratio p(token) (< 0.8, never clipped for A > 0): each reply token adds -A p
+    batch["old_logprobs"] = torch.zeros_like(batch["old_logprobs"])
+    with torch.no_grad():
+        loss, stats, _ = train.grpo_loss(model, batch, 1.0, 0.2, 0.28, constant=64 * 2)
+        expected = -(reply_logprobs_unpadded(model, short).exp().sum()
+                     + 2.0 * reply_logprobs_unpadded(model, long).exp().sum()) / (64 * 2)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+    assert stats["tokens"].item() == len(short.reply_ids) + len(long.reply_ids)
+
+
+def test_the_policys_logprobs_of_its_own_replies_equal_the_sampling_logprobs(tiny):
+    """So the first update is on-policy (ratio 1) through left padding, position ids and temperature."""
+    model, tokenizer = tiny
+    backend = HFBackend(model, temperature=0.9, max_tokens=12, tokenizer=tokenizer)
+    prompts = [[{"role": "user", "content": "Hi."}], [{"role": "user", "content": "Write a longer request here."}]]
+    replies = backend.generate(prompts, [5, 6])
+    samples = [train.Sample(backend.prompt_token_ids(m), r.token_ids, None, 1.0) for m, r in zip(prompts, replies)]
+    batch = train.collate(samples, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logprobs = train.token_logprobs(train.reply_logits(model, batch), batch["targets"], 0.9)
+    for row, reply in enumerate(replies):
+        assert torch.allclose(logprobs[row][batch["reply_mask"][row]], torch.tensor(reply.logprobs), atol=1e-4)
+
+
+def test_one_optimizer_step_raises_the_good_reply_and_lowers_the_bad_one(tiny):
+    _, tokenizer = tiny
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=torch.float32)
+    prompt = prompt_ids(tokenizer, "Write a kernel.")
+    good = train.Sample(prompt, reply_ids(tokenizer, "```python\nclass ModelNew: pass\n```"), None, +1.0)
+    bad = train.Sample(prompt, reply_ids(tokenizer, "I cannot do that."), None, -1.0)
+    with torch.no_grad():
+        before = [reply_logprobs_unpadded(model, s).sum().item() for s in (good, bad)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    loss, _, _ = train.grpo_loss(model, train.collate([good, bad], tokenizer.pad_token_id), 0.9, 0.2, 0.28,
+                                 constant=64 * 2)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+    optimizer.step()
+    with torch.no_grad():
+        after = [reply_logprobs_unpadded(model, s).sum().item() for s in (good, bad)]
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_micro_batches_are_as_many_as_asked_with_empty_ones_at_the_end():
+    samples = [train.Sample([1] * n, [2], None, 0.0) for n in (5, 1, 3)]
+    chunks = train.micro_batches(samples, size=2, count=3)
+    assert [[len(s.prompt_ids) for s in c] for c in chunks] == [[1, 3], [5], []]
+    with pytest.raises(ValueError):
+        train.micro_batches(samples, size=1, count=2)
+
+
+# ---------------------------------------------------------------- tasks and the junk detectors
+def test_tasks_alternate_levels_are_distinct_and_reshuffle_each_step():
+    ids = ["level1/a", "level1/b", "level1/c", "level2/x", "level2/y"]
+    picked = train.pick_tasks(ids, 4, seed=0, step=0)
+    assert [t.split("/")[0] for t in picked] == ["level1", "level2", "level1", "level2"]
+    assert len(set(picked)) == 4
+    assert picked == train.pick_tasks(ids, 4, seed=0, step=0)
+    assert len({tuple(train.pick_tasks(ids, 4, seed=0, step=s)) for s in range(10)}) > 1
+    assert sorted(train.pick_tasks(ids, 5, seed=3, step=7)) == sorted(ids)  # more than a level has: the rest
+
+
+def test_first_word_skips_the_think_tag_and_punctuation():
+    assert train.first_word("<think>\nOkay, so the kernel") == "Okay"
+    assert train.first_word("  **Wait** what") == "Wait"
+    assert train.first_word("") == "" and train.first_word("...") == ""
+
+
+def test_repeated_4grams_measure_loops():
+    assert train.repeated_ngram_share([1, 2, 3, 4, 5, 6]) == 0.0
+    assert train.repeated_ngram_share([1, 2, 3, 4] * 3) == pytest.approx(1 - 4 / 9)  # 9 four-grams, 4 distinct
+    assert train.repeated_ngram_share([1, 2]) == 0.0
+
+
+# ---------------------------------------------------------------- the script itself
+def test_default_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp_path):
+    done = run_train("--output-dir", str(tmp_path))
+    log = read_log(tmp_path)
+    assert [m["step"] for m in log] == [1, 2, 3]
+    for m in log:
+        assert sorted(m["tasks"]) == ["level1/7_ReLU", "level1/9_Swish"] and m["samples"] == 2 * 2 * 2
+        for key in ("reward/score_turn1", "reward/correct_turn2", "reward/speedup_turn2", "reward/zero_std_tasks",
+                    "reply/tokens", "train/clip_ratio", "train/grad_norm", "junk/other_first_word",
+                    "junk/repeated_4grams"):
+            assert key in m
+        assert 0 < m["train/entropy"] < math.log(3000) and 0 < m["reply/tokens"] <= 128
+    assert "step   score  correct" in done.stdout and len(done.stdout.splitlines()) >= 4
+    assert (tmp_path / "checkpoints" / "step_000003" / "trainer_state.json").exists()
+    assert (tmp_path / "final" / "config.json").exists()
+
+
+def test_offline_mode_computes_missing_rewards_and_updates_the_tiny_model(offline_run):
+    out, _ = offline_run
+    log = read_log(out)
+    assert [m["step"] for m in log] == [1, 2]
+    assert [m["tasks"] for m in log] == [["toy/add", "toy/mul", "toy/relu"], ["toy/scan"]]
+    assert [m["samples"] for m in log] == [3 * 2 * 2, 1 * 2 * 2]  # tasks x trajectories x turns
+    for m in log:  # one correct kernel (score 0.3 + 1.5) per task, at turn 2 of one of its 2 trajectories
+        assert m["reward/score"] == pytest.approx((0.3 + 1.5) / 4)
+        assert m["reward/correct_turn1"] == 0.0 and m["reward/correct_turn2"] == 0.5 and m["train/grad_norm"] > 0
+    initial = load_file(str(Path(build_tiny_model()) / "model.safetensors"))
+    trained = final_weights(out)
+    assert max((trained[k] - initial[k]).abs().max().item() for k in initial) > 1e-4
+
+
+def test_two_processes_apply_the_same_update_as_one_process(tmp_path, rollouts, offline_run):
+    """DDP over gloo on the CPU with the shipped config: each rank trains on its own tasks of the step
+    (step 2 has one task, so one rank only joins the others' gradient all-reduce)."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
+                "--num_processes", "2"]
+    run_train(*offline_args(rollouts, tmp_path), launcher=launcher)
+    log = read_log(tmp_path)
+    assert [m["step"] for m in log] == [1, 2]
+    for m in log:
+        assert len(m["checksum_per_rank"]) == 2 and m["checksum_per_rank"][0] == m["checksum_per_rank"][1]
+    assert log[0]["checksum_per_rank"] != log[1]["checksum_per_rank"]
+    # the same loss and gradient norm (Adam would hide a wrongly scaled gradient; the norm does not) ...
+    for one, both in zip(read_log(offline_run[0]), log):
+        assert both["train/grad_norm"] == pytest.approx(one["train/grad_norm"], rel=1e-5)
+        assert both["train/loss"] == pytest.approx(one["train/loss"], rel=1e-5)
+    # ... and the same weights, up to float noise (the updates themselves are ~1e-3)
+    single, two = final_weights(offline_run[0]), final_weights(tmp_path)
+    assert all(torch.allclose(two[k], single[k], atol=1e-5) for k in single)
+
+
+def test_two_processes_roll_out_and_evaluate_their_own_tasks_online(tmp_path):
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
+                "--num_processes", "2"]
+    run_train("--steps", "2", "--max-tokens", "32", "--output-dir", str(tmp_path), launcher=launcher)
+    log = read_log(tmp_path)
+    assert [m["step"] for m in log] == [1, 2]
+    for m in log:  # one task per rank, every rank's samples gathered into the metrics
+        assert sorted(m["tasks"]) == ["level1/7_ReLU", "level1/9_Swish"] and m["samples"] == 8
+        assert m["reward/zero_std_tasks"] == 1.0 and 0 < m["reply/tokens"] <= 32
+        assert len(set(m["checksum_per_rank"])) == 1
+
+
+def test_gradient_checkpointing_changes_memory_not_the_update(tmp_path, rollouts, offline_run):
+    run_train(*offline_args(rollouts, tmp_path), "--gradient-checkpointing")
+    plain, checkpointed = final_weights(offline_run[0]), final_weights(tmp_path)
+    assert all(torch.allclose(checkpointed[k], plain[k], atol=1e-6) for k in plain)
+
+
+def test_resume_from_a_checkpoint_ends_with_the_same_weights(tmp_path, rollouts, offline_run):
+    out = tmp_path / "run"
+    shutil.copytree(offline_run[0], out)
+    shutil.rmtree(out / "checkpoints" / "step_000002")  # as if stopped after step 1
+    shutil.rmtree(out / "final")
+    done = run_train(*offline_args(rollouts, out), "--resume")
+    assert "resumed from" in done.stdout
+    assert [m["step"] for m in read_log(out)] == [1, 2]
+    uninterrupted, resumed = final_weights(offline_run[0]), final_weights(out)
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def test_lora_trains_adapters_only(tmp_path, rollouts):
+    pytest.importorskip("peft")
+    run_train(*offline_args(rollouts, tmp_path), "--lora-rank", "4")
+    adapter = load_file(str(tmp_path / "final" / "adapter_model.safetensors"))
+    assert adapter and all("lora_" in name for name in adapter)
+    assert any(t.abs().max() > 0 for name, t in adapter.items() if "lora_B" in name)  # B starts at zero
+
+
+def test_beta_adds_a_kl_penalty_once_the_policy_has_moved(tmp_path, rollouts):
+    run_train(*offline_args(rollouts, tmp_path), "--beta", "0.1")
+    log = read_log(tmp_path)
+    assert all(m["train/kl"] > 0 for m in log)  # 0 at each step's first update, > 0 after it
+
+
+def test_paper_defaults_and_the_gpu_sizes():
+    args = train.parse_args([])
+    assert (args.eps_low, args.eps_high, args.beta, args.lr, args.warmup_ratio) == (0.2, 0.28, 0.0, 2e-6, 0.03)
+    assert (args.max_grad_norm, args.updates_per_batch, args.temperature, args.gamma) == (0.05, 2, 0.9, 0.4)
+    assert (args.correct_weight, args.speedup_weight, args.return_mode, args.group_by) == (0.3, 1.0, "sum", "task")
+    gpu = train.GPU_DEFAULTS  # 8 tasks x 16 trajectories x 4 turns = 512 samples a step
+    assert (gpu["tasks_per_step"], gpu["n_trajectories"], gpu["turns"], gpu["max_tokens"]) == (8, 16, 4, 16384)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tasks-per-step", "3"], "has 2 tasks"),
+    (["--turns", "0"], "--turns must be at least 1"),
+    (["--rollouts", "no/such.jsonl"], "cannot read no/such.jsonl"),
+    (["--resume"], "no checkpoint"),
+])
+def test_bad_input_is_a_one_line_error(tmp_path, argv, message):
+    done = subprocess.run([sys.executable, "train.py", "--output-dir", str(tmp_path), *argv],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_trajectories_without_token_ids_are_refused_with_a_reason(tmp_path, rollouts):
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    records[0]["turns"][0]["reply"]["token_ids"] = None
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in records))
+    done = subprocess.run([sys.executable, "train.py", "--rollouts", str(bad), "--output-dir", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode != 0 and "no token ids" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- vLLM
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see README)")
+def test_weights_pushed_into_vllm_give_the_trained_models_greedy_tokens_and_logprobs(tmp_path):
+    """In a subprocess: vLLM starts its engine best from a fresh `__main__`."""
+    script = tmp_path / "push.py"
+    script.write_text(f'''
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+import torch
+import train
+from tiny_model import build_tiny_model
+
+def logprobs(llm, model, prompt):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(temperature=0.0, max_tokens=8, logprobs=0),
+                       use_tqdm=False)[0].outputs[0]
+    ids = list(out.token_ids)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+    return (ids, [s[t].logprob for s, t in zip(out.logprobs, ids)],
+            logits.argmax(-1).tolist(), train.token_logprobs(logits, torch.tensor(ids), 1.0).tolist())
+
+if __name__ == "__main__":
+    from transformers import AutoModelForCausalLM
+    from vllm import LLM
+    path = build_tiny_model()
+    llm = LLM(model=path, dtype="float32", gpu_memory_utilization=0.1, seed=0, enforce_eager=True,
+              logprobs_mode="processed_logprobs")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    prompt = [1, 20, 30, 40, 50]
+    stale = logprobs(llm, model, prompt)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a large "update", the embedding (tied to lm_head) included
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    before_push = logprobs(llm, model, prompt)
+    train.push_weights(llm, model)
+    after_push = logprobs(llm, model, prompt)
+    print("RESULT", __import__("json").dumps({{"stale": stale, "before": before_push, "after": after_push}}))
+''')
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    ids, vllm_lp, hf_greedy, hf_lp = result["after"]
+    assert ids == hf_greedy  # the engine's greedy tokens are the trained model's
+    assert vllm_lp == pytest.approx(hf_lp, abs=1e-3)
+    assert result["stale"][1] == pytest.approx(result["stale"][3], abs=1e-3)  # same weights: same numbers
+    _, stale_vllm, _, changed_hf = result["before"]  # the model changed, the engine not yet
+    assert stale_vllm != pytest.approx(changed_hf, abs=1e-3)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see README)")
+def test_vllm_backend_rolls_out_with_a_colocated_engine(tmp_path):
+    run_train("--backend", "vllm", "--steps", "2", "--max-tokens", "16", "--output-dir", str(tmp_path), timeout=600)
+    log = read_log(tmp_path)
+    assert [m["step"] for m in log] == [1, 2]
+    assert all(0 < m["reply/tokens"] <= 16 and m["train/entropy"] > 0 for m in log)

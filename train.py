@@ -1,0 +1,685 @@
+"""GRPO on multi-turn kernel writing: roll out, evaluate, reward, update; one loop on Hugging Face Accelerate.
+
+Each step picks --tasks-per-step tasks (level 1 and level 2 taking turns, shuffled by the seed and the
+step), rolls out --n-trajectories x --turns on each with generate.py's machinery (prompts, parsing,
+`run_turn`) using the policy being trained, evaluates every kernel with evaluate.py, scores, discounts
+and normalises within each task with reward.py, and takes --updates-per-batch gradient steps. Every
+turn is one training sample: its prompt token ids are the context, its reply token ids the completion,
+and only reply tokens are in the loss:
+
+  ratio  r = exp(log pi(token) - log pi_sampling(token))     both at the sampling temperature
+  token  l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)  (+ beta * KL(pi || pi_ref), k3 estimator)
+  loss   L = sum of l over every reply token / (--max-tokens x number of samples)
+
+Paper defaults (Kevin, arXiv 2507.11948): 8 tasks x 16 trajectories x 4 turns = 512 samples a step,
+temperature 0.9, clip-higher with eps_low 0.2 and eps_high 0.28, no KL, lr 2e-6 constant after a
+linear warm-up over 3% of the gradient steps, grad norm clipped at 0.05, 2 gradient steps per batch,
+a constant length normaliser (Dr. GRPO), rewards 0.3 * correct + speedup, gamma 0.4 discounted sum,
+advantages normalised over all of a task's turn-samples.
+
+Run:
+  python train.py                                   # tiny model; paper sizes on a GPU, a small demo on a CPU
+  accelerate launch --config_file configs/ddp.yaml train.py --model Qwen/Qwen2.5-7B-Instruct
+  accelerate launch --config_file configs/ddp.yaml --num_processes 2 train.py    # also on a CPU (gloo)
+  python train.py --rollouts rewarded.jsonl          # offline: update from trajectories written before
+  python train.py --resume                           # go on from the last checkpoint in --output-dir
+
+Without a GPU the defaults shrink to a demo that finishes in minutes: the two CPU-sized tasks in
+tests/tasks, 2 tasks x 2 trajectories x 2 turns, 128-token replies, 3 steps, C++ candidates evaluated on
+the CPU. Output: one JSON line of metrics per step (--log), checkpoints in --output-dir/checkpoints,
+the final model in --output-dir/final, and a table of the reward curve at the end.
+
+Simplifications, said out loud:
+- Old policy = sampling policy: both gradient steps of a batch take the ratio against the log-probs
+  recorded while sampling (the first step is on-policy, the second off-policy by one update). A file
+  without log-probs (--rollouts) uses the policy's own before the first update.
+- Each rank rolls out and evaluates whole tasks (--tasks-per-step must divide by the number of
+  processes), so advantages, normalised within a task, need nothing from other ranks.
+- Every sample is forwarded, also those with advantage 0 (they add no gradient but do add entropy).
+- The reference model (--beta > 0) is a full, unsharded copy on every rank.
+- --backend vllm keeps one vLLM engine beside the policy in one process only; it sleeps (on a GPU)
+  whenever it is not generating and takes the policy's weights after every update.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+import reward
+from evaluate import EvalConfig
+from generate import HFBackend, VLLMBackend, load_tasks, run_turn
+
+REPO = Path(__file__).resolve().parent
+GPU_DEFAULTS = {"tasks": "train", "tasks_per_step": 8, "n_trajectories": 16, "turns": 4, "max_tokens": 16384,
+                "steps": 40, "eval_device": "cuda", "bf16": True}
+CPU_DEFAULTS = {"tasks": str(REPO / "tests" / "tasks"), "tasks_per_step": 2, "n_trajectories": 2, "turns": 2,
+                "max_tokens": 128, "steps": 3, "eval_device": "cpu", "bf16": False}
+
+
+# ---------------------------------------------------------------- the loss: small pure functions
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) at `tokens`: the log-prob of each token under the sampling distribution."""
+    logits = logits.float() / temperature
+    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at each position: falling fast means collapse, rising means junk."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                      eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), and where the clip binds (no gradient).
+
+    Clip-higher: eps_high > eps_low leaves more room to raise unlikely tokens of good replies."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    loss = -torch.minimum(ratio * advantages, ratio.clamp(1 - eps_low, 1 + eps_high) * advantages)
+    clipped = ((ratio > 1 + eps_high) & (advantages > 0)) | ((ratio < 1 - eps_low) & (advantages < 0))
+    return loss, clipped
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) that is never negative: exp(d) - d - 1 with d = ref - policy."""
+    d = ref_logprobs - logprobs
+    return torch.exp(d) - d - 1
+
+
+def constant_normalised_sum(token_losses: torch.Tensor, mask: torch.Tensor, constant: float) -> torch.Tensor:
+    """Dr. GRPO: the sum over masked tokens divided by a constant, so no reply's tokens weigh more for being short."""
+    return torch.where(mask, token_losses, 0.0).sum() / constant
+
+
+def learning_rate(update: int, total_updates: int, peak: float, warmup_ratio: float) -> float:
+    """Linear warm-up over ceil(warmup_ratio * total) updates (0-based `update`), then constant."""
+    warmup = math.ceil(warmup_ratio * total_updates)
+    return peak * min(1.0, (update + 1) / warmup) if warmup else peak
+
+
+# ---------------------------------------------------------------- samples and batches
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    reply_ids: list[int]
+    old_logprobs: list[float] | None  # sampling log-probs of the reply tokens; None: take the policy's
+    advantage: float
+
+
+def turn_samples(trajectories: list[dict]) -> list[Sample]:
+    """One sample per turn of rewarded trajectories."""
+    samples = []
+    for record in trajectories:
+        for turn in record["turns"]:
+            prompt_ids, reply = turn["prompt"].get("token_ids"), turn["reply"]
+            if not prompt_ids or reply.get("token_ids") is None:
+                raise ValueError(f"task {record['task']} turn {turn['turn']}: no token ids (the openai backend "
+                                 "records none; generate with --backend hf or vllm)")
+            logprobs = reply.get("logprobs")
+            if logprobs is not None and len(logprobs) != len(reply["token_ids"]):
+                raise ValueError(f"task {record['task']} turn {turn['turn']}: {len(logprobs)} log-probs for "
+                                 f"{len(reply['token_ids'])} reply tokens")
+            samples.append(Sample(prompt_ids, reply["token_ids"], logprobs, float(turn["advantage"])))
+    return samples
+
+
+def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompt + reply rows; the last `width` positions (the longest reply) are the targets.
+
+    Left padding puts every reply at the end of its row, so logits are needed for the last width + 1
+    positions only (`logits_to_keep`: long prompts cost no vocabulary-sized logits). Position ids count
+    real tokens only, as in generation, so the policy's log-probs match the sampling ones."""
+    width = max(1, max(len(s.reply_ids) for s in samples))
+    length = max(len(s.prompt_ids) + len(s.reply_ids) for s in samples)
+    input_ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(samples), length), dtype=torch.long)
+    reply_mask = torch.zeros((len(samples), width), dtype=torch.bool)
+    old_logprobs = torch.full((len(samples), width), float("nan"))
+    for i, s in enumerate(samples):
+        ids = s.prompt_ids + s.reply_ids
+        input_ids[i, length - len(ids):] = torch.tensor(ids)
+        attention_mask[i, length - len(ids):] = 1
+        if s.reply_ids:
+            reply_mask[i, width - len(s.reply_ids):] = True
+            if s.old_logprobs is not None:
+                old_logprobs[i, width - len(s.reply_ids):] = torch.tensor(s.old_logprobs)
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0), "targets": input_ids[:, length - width:],
+            "reply_mask": reply_mask, "old_logprobs": old_logprobs,
+            "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
+
+
+def micro_batches(samples: list[Sample], size: int, count: int) -> list[list[Sample]]:
+    """Exactly `count` micro-batches of at most `size` samples, similar lengths together (less padding).
+
+    The ones left over are empty: every rank must run the same number of forward and backward passes."""
+    ordered = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.reply_ids))
+    chunks = [ordered[i:i + size] for i in range(0, len(ordered), size)]
+    if len(chunks) > count:
+        raise ValueError(f"{len(samples)} samples do not fit in {count} micro-batches of {size}")
+    return chunks + [[] for _ in range(count - len(chunks))]
+
+
+def reply_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Logits that predict each target position (batch, width, vocab)."""
+    width = batch["targets"].shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], logits_to_keep=width + 1, use_cache=False)
+    return out.logits[:, :-1]
+
+
+def grpo_loss(model, batch: dict[str, torch.Tensor], temperature: float, eps_low: float, eps_high: float,
+              constant: float, beta: float = 0.0, ref_model=None):
+    """(loss, token statistics, old log-probs used) for one micro-batch; positions without a recorded
+    sampling log-prob take the policy's own, detached (ratio 1)."""
+    logits = reply_logits(model, batch)
+    logprobs = token_logprobs(logits, batch["targets"], temperature)
+    mask = batch["reply_mask"]
+    old = torch.where(batch["old_logprobs"].isnan(), logprobs.detach(), batch["old_logprobs"])
+    token_loss, clipped = clipped_surrogate(logprobs, old, batch["advantages"][:, None], eps_low, eps_high)
+    stats = {}
+    if beta > 0:
+        with torch.no_grad():
+            ref = token_logprobs(reply_logits(ref_model, batch), batch["targets"], temperature)
+        kl = kl_k3(logprobs, ref)
+        token_loss = token_loss + beta * kl
+        stats["kl"] = kl.detach()[mask].sum()
+    loss = constant_normalised_sum(token_loss, mask, constant)
+    with torch.no_grad():
+        stats.update(tokens=mask.sum(), clipped=clipped[mask].sum(),
+                     entropy=token_entropy(logits[mask], temperature).sum())
+    return loss, stats, old
+
+
+def idle_loss(model, pad_id: int, device) -> torch.Tensor:
+    """A zero loss through the whole model, for a rank with no samples left: it still has to join the
+    others' gradient all-reduce (DDP) or parameter gathers (FSDP, ZeRO-3)."""
+    logits = model(input_ids=torch.tensor([[pad_id]], device=device), logits_to_keep=1, use_cache=False).logits
+    return logits.sum() * 0.0
+
+
+# ---------------------------------------------------------------- what to watch
+def first_word(text: str) -> str:
+    """The reply's first word past an opening <think> tag and punctuation ('' if none): Kevin's "Okay"."""
+    match = re.search(r"\w+", text.replace("<think>", "", 1))
+    return match.group(0) if match else ""
+
+
+def repeated_ngram_share(ids: list[int], n: int = 4) -> float:
+    """Share of a reply's n-grams that already occurred earlier in it (0: no repetition, near 1: a loop)."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def rollout_rows(trajectories: list[dict]) -> list[dict]:
+    """One small row per turn-sample: what the step's metrics are computed from, after gathering ranks."""
+    rows = []
+    for record in trajectories:
+        for turn in record["turns"]:
+            result, ids = turn["eval"], turn["reply"]["token_ids"] or []
+            rows.append({"task": record["task"], "turn": turn["turn"], "score": turn["score"],
+                         "return": turn["return"], "correct": bool(result["correct"]),
+                         "compiled": bool(result["compiled"]),
+                         "speedup": float(result["speedup"]) if result["correct"] else 0.0,
+                         "reply_tokens": len(ids), "first_word": first_word(turn["reply"]["text"]),
+                         "repeated_4grams": repeated_ngram_share(ids)})
+    return rows
+
+
+def rollout_metrics(rows: list[dict], usual_word: str, max_tokens: int) -> dict[str, float]:
+    """Reward, correctness and speedup (0 when incorrect, as in the paper's avg@k) overall and per turn;
+    the share of tasks whose returns are all equal (no signal); reply length; the junk detectors."""
+    def mean(values) -> float:
+        values = list(values)
+        return sum(values) / len(values) if values else 0.0
+
+    metrics = {"reward/score": mean(r["score"] for r in rows), "reward/correct": mean(r["correct"] for r in rows),
+               "reward/compiled": mean(r["compiled"] for r in rows), "reward/speedup": mean(r["speedup"] for r in rows)}
+    for turn in sorted({r["turn"] for r in rows}):
+        at = [r for r in rows if r["turn"] == turn]
+        metrics[f"reward/score_turn{turn + 1}"] = mean(r["score"] for r in at)
+        metrics[f"reward/correct_turn{turn + 1}"] = mean(r["correct"] for r in at)
+        metrics[f"reward/speedup_turn{turn + 1}"] = mean(r["speedup"] for r in at)
+    returns: dict[str, list[float]] = {}
+    for r in rows:
+        returns.setdefault(r["task"], []).append(r["return"])
+    metrics["reward/zero_std_tasks"] = mean(max(v) == min(v) for v in returns.values())
+    metrics["reply/tokens"] = mean(r["reply_tokens"] for r in rows)
+    metrics["reply/truncated"] = mean(r["reply_tokens"] >= max_tokens for r in rows)
+    metrics["junk/other_first_word"] = mean(r["first_word"] != usual_word for r in rows)
+    metrics["junk/repeated_4grams"] = mean(r["repeated_4grams"] for r in rows)
+    return metrics
+
+
+# ---------------------------------------------------------------- tasks
+def pick_tasks(task_ids: list[str], count: int, seed: int, step: int) -> list[str]:
+    """`count` distinct tasks, levels (the id's folder) taking turns so easy and hard mix in every batch."""
+    rng = random.Random(f"{seed}/{step}")
+    levels: dict[str, list[str]] = {}
+    for task_id in task_ids:
+        levels.setdefault(task_id.split("/")[0], []).append(task_id)
+    queues = [rng.sample(ids, len(ids)) for _, ids in sorted(levels.items())]
+    picked: list[str] = []
+    while len(picked) < count:
+        for queue in queues:
+            if queue and len(picked) < count:
+                picked.append(queue.pop())
+    return picked
+
+
+def offline_steps(trajectories: list[dict], tasks_per_step: int) -> list[list[list[dict]]]:
+    """A file's trajectories as steps of `tasks_per_step` tasks (in order of first appearance), each task
+    a list of its trajectories."""
+    by_task: dict[str, list[dict]] = {}
+    for record in trajectories:
+        by_task.setdefault(record["task"], []).append(record)
+    tasks = list(by_task.values())
+    return [tasks[i:i + tasks_per_step] for i in range(0, len(tasks), tasks_per_step)]
+
+
+# ---------------------------------------------------------------- generation with the policy
+@contextmanager
+def policy_for_generation(accelerator, model):
+    """The policy as a plain transformers model in eval mode (KV cache on, gradient checkpointing off).
+
+    Under FSDP 2 and ZeRO-3 the unwrapped model still gathers each layer's parameters in its forward
+    pass, so every rank must run as many passes as the others: generation then uses synced_gpus."""
+    model.eval()
+    try:
+        yield accelerator.unwrap_model(model)
+    finally:
+        model.train()
+
+
+def is_sharded(accelerator) -> bool:
+    """FSDP or ZeRO-3: parameters live in shards and every forward pass is a collective."""
+    from accelerate.utils import DistributedType
+
+    plugin = accelerator.state.deepspeed_plugin
+    return accelerator.distributed_type == DistributedType.FSDP or (plugin is not None and plugin.zero_stage == 3)
+
+
+def push_weights(llm, model) -> None:
+    """Load `model`'s current weights into a vLLM engine of the same process, in place.
+
+    vLLM's worker `reload_weights` takes checkpoint-format tensors and redoes its own post-load
+    processing (fused QKV, CPU repacking); plain `load_weights` fails once that processing has run.
+    With tied embeddings vLLM's lm_head shares the embedding and loads nothing itself, so its own
+    post-load step (on a CPU build: a repacked copy of the weight for the GEMM) is redone afterwards."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()
+               if not (tied and name == "lm_head.weight")]
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    if tied:
+        llm.collective_rpc(_refresh_tied_lm_head)
+
+
+def _refresh_tied_lm_head(worker) -> None:
+    lm_head = worker.model_runner.get_model().lm_head
+    lm_head.quant_method.process_weights_after_loading(lm_head)
+
+
+class ColocatedVLLM(VLLMBackend):
+    """generate.py's vLLM backend beside the policy, in the same process. On a GPU it sleeps outside
+    generation (weights to CPU memory, KV cache freed) so that kernels can be evaluated and the policy
+    trained; vLLM's sleep mode exists on GPUs only. After an update, set `policy`: its weights are
+    pushed into the engine before it generates again."""
+
+    def __init__(self, model_path: str, args: argparse.Namespace):
+        self.sleeps = torch.cuda.is_available()
+        self.policy = None
+        super().__init__(model_path, args.temperature, args.max_tokens, 1, args.gpu_memory_utilization, args.seed,
+                         enable_sleep_mode=self.sleeps)
+        if self.sleeps:
+            self.llm.sleep(level=1)
+
+    def generate(self, prompts, seeds):
+        if self.sleeps:
+            self.llm.wake_up()
+        if self.policy is not None:
+            push_weights(self.llm, self.policy)
+            self.policy = None
+        replies = super().generate(prompts, seeds)
+        if self.sleeps:
+            self.llm.sleep(level=1)
+        return replies
+
+
+# ---------------------------------------------------------------- checkpoints
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    found = sorted((output_dir / "checkpoints").glob("step_*"))
+    return found[-1] if found else None
+
+
+def parameter_checksum(model) -> float:
+    """Sum of squares of this rank's parameters, in float64: equal on every rank when DDP kept them in sync."""
+    with torch.no_grad():
+        return float(sum(p.detach().double().square().sum() for p in model.parameters()))
+
+
+# ---------------------------------------------------------------- config
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # model
+    p.add_argument("--model", default="tiny", help="HF id or local path of the policy; 'tiny' builds the local tiny model")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="train LoRA adapters of this rank (alpha = 2 x rank) on every linear layer instead of all "
+                        "weights; 0: full fine-tuning (needs peft)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward to save memory")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bf16 mixed precision, fp32 master weights (default: on with a GPU, off without)")
+    # tasks and rollouts (defaults: the paper's with a GPU, a small demo without)
+    p.add_argument("--tasks", default=None,
+                   help="task file, folder or split name of tasks/split.json (default: train with a GPU, tests/tasks without)")
+    p.add_argument("--split", default=None, help="keep only the tasks of this split of tasks/split.json")
+    p.add_argument("--tasks-per-step", type=int, default=None,
+                   help="tasks per step, split evenly over the processes (default: 8 with a GPU, 2 without)")
+    p.add_argument("--n-trajectories", type=int, default=None, help="parallel trajectories per task (default: 16 / 2)")
+    p.add_argument("--turns", type=int, default=None, help="refinement turns per trajectory (default: 4 / 2)")
+    p.add_argument("--temperature", type=float, default=0.9, help="sampling temperature; log-probs in the loss use it too")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="most tokens in a reply, and the loss's length normaliser (default: 16384 / 128)")
+    p.add_argument("--context-budget", type=int, default=16384,
+                   help="most prompt tokens; previous attempts that do not fit are dropped earliest first")
+    p.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                   help="hf: generate with the policy itself; vllm: a colocated engine fed the policy's weights (one process)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.3,
+                   help="vllm: share of GPU memory (of host memory on a CPU build) the engine takes")
+    p.add_argument("--eval-device", choices=["cuda", "cpu"], default=None,
+                   help="where kernels are evaluated; cpu asks for C++ kernels (default: cuda with a GPU, cpu without)")
+    p.add_argument("--rollouts", default=None,
+                   help="offline: update from this trajectory JSONL instead of rolling out; turns without an "
+                        "advantage get reward.py's; one step per --tasks-per-step tasks of the file")
+    # reward (reward.py)
+    p.add_argument("--gamma", type=float, default=0.4, help="discount per turn")
+    p.add_argument("--return-mode", choices=["sum", "max"], default="sum", help="discounted sum or max of later scores")
+    p.add_argument("--correct-weight", type=float, default=0.3, help="score of any correct kernel")
+    p.add_argument("--speedup-weight", type=float, default=1.0, help="score per unit of speedup, correct kernels only")
+    p.add_argument("--group-by", choices=reward.GROUP_BY, default="task",
+                   help="which turn-samples an advantage is normalised over")
+    # optimisation
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps (rollout + updates); default 40 with a GPU, 3 without; offline: all of the file")
+    p.add_argument("--updates-per-batch", type=int, default=2, help="gradient steps per batch of rollouts")
+    p.add_argument("--lr", type=float, default=2e-6, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup-ratio", type=float, default=0.03, help="share of all gradient steps spent warming up linearly")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--eps-low", type=float, default=0.2, help="ratio clip below 1")
+    p.add_argument("--eps-high", type=float, default=0.28, help="ratio clip above 1 (clip-higher)")
+    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient; > 0 loads a frozen reference model")
+    p.add_argument("--max-grad-norm", type=float, default=0.05, help="clip the gradient's global norm to this")
+    p.add_argument("--micro-batch-size", type=int, default=4,
+                   help="samples per forward/backward pass; gradients accumulate over a rank's whole batch")
+    # run
+    p.add_argument("--seed", type=int, default=0, help="seed of task picking, sampling and initialisation")
+    p.add_argument("--output-dir", default=str(REPO / "runs" / "train"), help="checkpoints and the final model go here")
+    p.add_argument("--log", default=None, help="per-step metrics JSONL (default: OUTPUT_DIR/metrics.jsonl)")
+    p.add_argument("--save-every", type=int, default=10, help="checkpoint every this many steps (and after the last)")
+    p.add_argument("--resume", action="store_true", help="go on from the last checkpoint in --output-dir")
+    p.add_argument("--report-to", choices=["none", "tensorboard", "wandb", "all"], default="none",
+                   help="also send metrics to these trackers")
+    args = p.parse_args(argv)
+
+    defaults = GPU_DEFAULTS if torch.cuda.is_available() else CPU_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None and not (name == "steps" and args.rollouts):
+            setattr(args, name, value)
+    args.log = args.log or str(Path(args.output_dir) / "metrics.jsonl")
+    for flag in ("tasks_per_step", "n_trajectories", "turns", "max_tokens", "context_budget", "updates_per_batch",
+                 "micro_batch_size", "save_every"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.steps is not None and args.steps < 1:
+        raise SystemExit("--steps must be at least 1")
+    if min(args.eps_low, args.eps_high, args.beta, args.lr, args.warmup_ratio, args.lora_rank) < 0:
+        raise SystemExit("--eps-low, --eps-high, --beta, --lr, --warmup-ratio and --lora-rank must not be negative")
+    if args.temperature <= 0 or args.max_grad_norm <= 0:
+        raise SystemExit("--temperature and --max-grad-norm must be positive")
+    if not 0.0 <= args.gamma <= 1.0:
+        raise SystemExit(f"--gamma must be in [0, 1], got {args.gamma}")
+    if args.backend == "vllm" and args.lora_rank:
+        raise SystemExit("--backend vllm takes full weights: it cannot be combined with --lora-rank")
+    return args
+
+
+# ---------------------------------------------------------------- the loop
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    on_gpu = torch.cuda.is_available()
+    # A rank waits at the next collective while the slowest rank's kernels are being evaluated.
+    state = PartialState(cpu=not on_gpu, timeout=timedelta(hours=3))
+    world, rank = state.num_processes, state.process_index
+    if args.backend == "vllm" and world > 1:
+        raise SystemExit("--backend vllm runs in one process only; use the hf backend with accelerate launch")
+
+    # What each step trains on decides how many micro-batches an update takes on every rank.
+    if args.rollouts:
+        trajectories = reward.load_trajectories(args.rollouts)
+        if not all({"score", "return", "advantage"} <= set(turn) for record in trajectories for turn in record["turns"]):
+            trajectories = reward.add_rewards(trajectories, args.gamma, args.return_mode, args.correct_weight,
+                                              args.speedup_weight, args.group_by)
+        try:
+            turn_samples(trajectories)
+        except ValueError as error:
+            raise SystemExit(f"--rollouts {args.rollouts}: {error}") from None
+        plan = offline_steps(trajectories, args.tasks_per_step)[:args.steps]
+        if not plan:
+            raise SystemExit(f"--rollouts {args.rollouts}: no trajectories")
+        per_rank = max(sum(len(t["turns"]) for group in step[r::world] for t in group)
+                       for step in plan for r in range(world))
+        steps = len(plan)
+    else:
+        tasks = {task.id: task for task in load_tasks(args.tasks, args.split)}
+        if args.tasks_per_step % world:
+            raise SystemExit(f"--tasks-per-step {args.tasks_per_step} does not divide over {world} processes")
+        if args.tasks_per_step > len(tasks):
+            raise SystemExit(f"--tasks-per-step {args.tasks_per_step} but --tasks {args.tasks} has {len(tasks)} tasks")
+        per_rank = args.tasks_per_step // world * args.n_trajectories * args.turns
+        steps = args.steps
+    accumulation = max(1, math.ceil(per_rank / args.micro_batch_size))
+    # Micro-batches per update come from --micro-batch-size, not from the launch config (DeepSpeed reads these).
+    os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(accumulation)
+    os.environ["ACCELERATE_GRADIENT_CLIPPING"] = str(args.max_grad_norm)
+
+    output_dir = Path(args.output_dir)
+    accelerator = Accelerator(cpu=not on_gpu, mixed_precision="bf16" if args.bf16 else "no",
+                              gradient_accumulation_steps=accumulation,
+                              log_with=None if args.report_to == "none" else args.report_to,
+                              project_config=ProjectConfiguration(project_dir=str(output_dir),
+                                                                  logging_dir=str(output_dir / "logs")))
+    print0 = accelerator.print
+    if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
+        raise SystemExit("FSDP 1 is not supported: set fsdp_version: 2 (configs/fsdp.yaml)")
+    if args.beta > 0 and is_sharded(accelerator):
+        raise SystemExit("--beta > 0 needs a full reference model on every rank: use DDP, not FSDP or ZeRO-3")
+    set_seed(args.seed)
+
+    # ------------------------------------------------ model, optimizer
+    model_path = args.model
+    if model_path == "tiny":
+        from tiny_model import build_tiny_model
+
+        with accelerator.main_process_first():
+            model_path = build_tiny_model()
+    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
+                                  weight_decay=args.weight_decay)
+    if accelerator.state.deepspeed_plugin is not None:  # no dataloader to read the micro-batch size from
+        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = args.micro_batch_size
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model.train()
+    ref_model = None
+    if args.beta > 0:
+        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(accelerator.device).eval()
+        ref_model.requires_grad_(False)
+    backend = ColocatedVLLM(model_path, args) if args.backend == "vllm" else None
+
+    # ------------------------------------------------ resume
+    start, first_words = 0, Counter()
+    if args.resume:
+        checkpoint = latest_checkpoint(output_dir)
+        if checkpoint is None:
+            raise SystemExit(f"--resume: no checkpoint in {output_dir / 'checkpoints'}")
+        accelerator.load_state(str(checkpoint))
+        saved = json.loads((checkpoint / "trainer_state.json").read_text())
+        start, first_words = saved["step"], Counter(saved["first_words"])
+        if backend is not None:
+            backend.policy = accelerator.unwrap_model(model)
+        print0(f"resumed from {checkpoint} after step {start}")
+    log_path = Path(args.log)
+    if accelerator.is_main_process:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [line for line in log_path.read_text().splitlines() if json.loads(line)["step"] <= start] \
+            if args.resume and log_path.exists() else []
+        log_path.write_text("".join(line + "\n" for line in kept))
+    accelerator.init_trackers("kevin-grpo", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                                                     for k, v in vars(args).items()})
+
+    eval_config = EvalConfig(device=args.eval_device, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
+                             compile_workers=max(1, (os.cpu_count() or 1) // state.num_processes), progress=False)
+    total_updates = steps * args.updates_per_batch
+    history = []
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc="train", unit="step",
+               disable=not accelerator.is_main_process, file=sys.stderr)
+    for step in bar:
+        # ------------------------------------------------ rollouts (or this step's share of the file)
+        started = time.perf_counter()
+        if args.rollouts:
+            mine = [t for group in plan[step][rank::world] for t in group]
+            n_samples = sum(len(t["turns"]) for group in plan[step] for t in group)
+            picked = [group[0]["task"] for group in plan[step]]
+        else:
+            picked = pick_tasks(list(tasks), args.tasks_per_step, args.seed, step)
+            my_tasks = [tasks[task_id] for task_id in picked[rank::world]]
+            records = [{"task": task.id, "trajectory": k, "turns": []} for task in my_tasks
+                       for k in range(args.n_trajectories)]
+            record_tasks = [task for task in my_tasks for _ in range(args.n_trajectories)]
+            turn_args = argparse.Namespace(seed=f"{args.seed}/{step}", device=args.eval_device,
+                                           context_budget=args.context_budget)
+            with policy_for_generation(accelerator, model) as policy:
+                generator = backend or HFBackend(policy, args.temperature, args.max_tokens, tokenizer=tokenizer,
+                                                 synced_gpus=is_sharded(accelerator) and world > 1)
+                for _ in range(args.turns):
+                    run_turn(records, record_tasks, generator, turn_args, eval_config)
+            mine = reward.add_rewards(records, args.gamma, args.return_mode, args.correct_weight,
+                                      args.speedup_weight, args.group_by)
+            n_samples = args.tasks_per_step * args.n_trajectories * args.turns
+        rollout_s = time.perf_counter() - started
+
+        # ------------------------------------------------ updates
+        started = time.perf_counter()
+        samples = turn_samples(mine)
+        constant = args.max_tokens * n_samples / world  # DDP averages over ranks: the global sum / (max x N)
+        chunks = micro_batches(samples, args.micro_batch_size, accumulation)
+        totals = torch.zeros(5, device=accelerator.device)  # loss, tokens, clipped, entropy, kl
+        grad_norms = []
+        for update in range(args.updates_per_batch):
+            lr = learning_rate(step * args.updates_per_batch + update, total_updates, args.lr, args.warmup_ratio)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            for chunk in chunks:
+                with accelerator.accumulate(model):
+                    if chunk:
+                        batch = {k: v.to(accelerator.device) for k, v in collate(chunk, pad_id).items()}
+                        loss, stats, old = grpo_loss(model, batch, args.temperature, args.eps_low, args.eps_high,
+                                                     constant, args.beta, ref_model)
+                        for sample, row, keep in zip(chunk, old.tolist(), batch["reply_mask"].tolist()):
+                            if sample.old_logprobs is None:  # later updates see the pre-update policy as old
+                                sample.old_logprobs = [lp for lp, k in zip(row, keep) if k]
+                        totals += torch.stack([loss.detach(), stats["tokens"], stats["clipped"], stats["entropy"],
+                                               stats.get("kl", torch.zeros((), device=loss.device))]).float()
+                    else:
+                        loss = idle_loss(model, pad_id, accelerator.device)
+                    # accelerate divides by the accumulation steps; the loss is already normalised
+                    accelerator.backward(loss * accumulation)
+                    if accelerator.sync_gradients:
+                        norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP 2: a DTensor
+                        grad_norms.append(float(norm) if norm is not None else float("nan"))
+                    optimizer.step()
+                    optimizer.zero_grad()
+        if backend is not None:
+            backend.policy = accelerator.unwrap_model(model)
+        update_s = time.perf_counter() - started
+
+        # ------------------------------------------------ metrics
+        rows = gather_object(rollout_rows(mine))
+        checksums = gather_object([parameter_checksum(model)])
+        totals = accelerator.reduce(totals, "sum").tolist()
+        first_words.update(r["first_word"] for r in rows)
+        usual = first_words.most_common(1)[0][0]
+        tokens = max(totals[1], 1.0)
+        metrics = {**rollout_metrics(rows, usual, args.max_tokens),
+                   "train/loss": totals[0] / (world * args.updates_per_batch),
+                   "train/clip_ratio": totals[2] / tokens, "train/entropy": totals[3] / tokens,
+                   "train/kl": totals[4] / tokens, "train/grad_norm": sum(grad_norms) / len(grad_norms),
+                   "train/lr": lr, "time/rollout_s": rollout_s, "time/update_s": update_s}
+        history.append({"step": step + 1, **metrics})
+        accelerator.log(metrics, step=step + 1)
+        if accelerator.is_main_process:
+            with log_path.open("a") as f:
+                f.write(json.dumps({"step": step + 1, "tasks": picked, "samples": n_samples, "usual_first_word": usual,
+                                    **metrics, "checksum_per_rank": checksums}) + "\n")
+        bar.set_postfix(score=f"{metrics['reward/score']:.3f}", correct=f"{metrics['reward/correct']:.0%}")
+
+        # ------------------------------------------------ checkpoint
+        if (step + 1) % args.save_every == 0 or step + 1 == steps:
+            checkpoint = output_dir / "checkpoints" / f"step_{step + 1:06d}"
+            accelerator.save_state(str(checkpoint))
+            if accelerator.is_main_process:
+                (checkpoint / "trainer_state.json").write_text(
+                    json.dumps({"step": step + 1, "first_words": dict(first_words)}))
+    bar.close()
+
+    # ------------------------------------------------ the final model, the reward curve
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(output_dir / "final", state_dict=state_dict)
+        tokenizer.save_pretrained(output_dir / "final")
+    if backend is not None:  # before the process group goes: the engine's shutdown tears down its own groups
+        backend.llm.llm_engine.engine_core.shutdown()
+    accelerator.end_training()
+    print0(summary_table(history))
+    print0(f"metrics: {log_path}   model: {output_dir / 'final'}")
+
+
+def summary_table(history: list[dict]) -> str:
+    """One row per step of this run: the reward curve and the signals that warn of collapse or junk."""
+    lines = [f"{'step':>4} {'score':>7} {'correct':>8} {'speedup':>8} {'zero-std':>9} {'entropy':>8} "
+             f"{'other 1st word':>15} {'rep 4-grams':>12} {'grad norm':>10}"]
+    for m in history:
+        lines.append(f"{m['step']:>4} {m['reward/score']:>7.3f} {m['reward/correct']:>8.0%} "
+                     f"{m['reward/speedup']:>7.2f}x {m['reward/zero_std_tasks']:>9.0%} {m['train/entropy']:>8.3f} "
+                     f"{m['junk/other_first_word']:>15.0%} {m['junk/repeated_4grams']:>12.0%} "
+                     f"{m['train/grad_norm']:>10.4f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
