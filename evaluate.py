@@ -77,8 +77,9 @@ class EvalConfig:
     """untimed runs per model before timing"""
     compile_baseline: bool = False
     """also time torch.compile(Model) and report speedup_vs_compile"""
-    min_own_kernel_share: float = 0.5
-    """least share of GPU time the candidate's own __global__ kernels must take (profiled); 0 turns it off"""
+    min_own_kernel_share: float = 0.8
+    """least share of the forward's GPU time (fills and copies aside) in the candidate's own __global__
+    kernels, profiled; 0 turns the check off"""
     poison_bytes: int = 2 << 30
     """free device memory filled with NaN before each correctness run (at most half of what is free)"""
     seed: int = 42
@@ -154,11 +155,18 @@ ALLOWED_TORCH_CALLS = {
     "is_floating_point",
 }
 ALLOWED_TORCH_NAMESPACES = ("torch.cuda", "torch.utils.cpp_extension", "torch.nn.init", "torch.backends")
-BANNED_IMPORTS = {"threading": "threads", "multiprocessing": "processes", "concurrent": "threads",
-                  "asyncio": "an event loop", "subprocess": "subprocesses", "ctypes": "ctypes"}
+# module -> the rule that bans it: work outside the timed region, or reaching into the checker's memory.
+BANNED_IMPORTS = {"threading": "threads", "multiprocessing": "threads", "concurrent": "threads",
+                  "asyncio": "threads", "subprocess": "threads", "ctypes": "introspection",
+                  "gc": "introspection", "inspect": "introspection", "builtins": "introspection",
+                  "importlib": "introspection"}
+# Attributes that reach frames, globals or other objects' code: the evaluator's locals are one hop away.
+INTROSPECTION = {"_getframe", "f_back", "f_locals", "f_globals", "f_code", "tb_frame", "gi_frame", "cr_frame",
+                 "__globals__", "__builtins__", "__closure__", "__code__", "__import__"}
 
 
-NATIVE_THREADS = re.compile(r"std::thread|std::async|std::jthread|pthread_create")
+NATIVE_THREADS = re.compile(r"std::thread|std::async|std::jthread|pthread_create|cudaLaunchHostFunc|"
+                            r"cudaStreamAddCallback")
 GLOBAL_FUNCTION = re.compile(r"__global__\s+[\w:<>,\s*&]*?\b(\w+)\s*\(")
 
 
@@ -196,7 +204,8 @@ def static_check(code: str, device: str) -> tuple[str, str] | None:
                 if a.name.startswith("torch.nn.functional"):
                     violations.append("[torch-functional] imports torch.nn.functional")
                 if a.name.split(".")[0] in BANNED_IMPORTS:
-                    violations.append(f"[threads] imports {a.name}: {BANNED_IMPORTS[a.name.split('.')[0]]} are not allowed")
+                    violations.append(f"[{BANNED_IMPORTS[a.name.split('.')[0]]}] line {node.lineno}: "
+                                      f"importing {a.name} is not allowed")
         elif isinstance(node, ast.ImportFrom) and node.module:
             for a in node.names:
                 aliases[a.asname or a.name] = f"{node.module}.{a.name}"
@@ -204,14 +213,20 @@ def static_check(code: str, device: str) -> tuple[str, str] | None:
                     node.module == "torch.nn" and any(a.name == "functional" for a in node.names)):
                 violations.append("[torch-functional] imports torch.nn.functional")
             if node.module.split(".")[0] in BANNED_IMPORTS:
-                violations.append(f"[threads] imports {node.module}: {BANNED_IMPORTS[node.module.split('.')[0]]} are not allowed")
+                violations.append(f"[{BANNED_IMPORTS[node.module.split('.')[0]]}] line {node.lineno}: "
+                                  f"importing {node.module} is not allowed")
     for node in ast.walk(tree):
         if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
             violations.append(f"[try-except] line {node.lineno}: try/except is not allowed (no fallback paths)")
         elif isinstance(node, ast.Pass):
             violations.append(f"[pass] line {node.lineno}: `pass` is not allowed")
         elif isinstance(node, (ast.Attribute, ast.Name)):
+            if (node.attr if isinstance(node, ast.Attribute) else node.id) in INTROSPECTION:
+                violations.append(f"[introspection] line {node.lineno}: "
+                                  f"{node.attr if isinstance(node, ast.Attribute) else node.id} is not allowed")
             name = _dotted(node, aliases)
+            if name and isinstance(node, ast.Attribute) and node.attr in BANNED_IMPORTS:  # torch.cuda.threading
+                violations.append(f"[{BANNED_IMPORTS[node.attr]}] line {node.lineno}: {name} is not allowed")
             if name and name.startswith("torch.nn.") and not name.startswith("torch.nn.init"):
                 member = name.split(".")[2]
                 if member == "functional":
@@ -229,7 +244,8 @@ def static_check(code: str, device: str) -> tuple[str, str] | None:
     if "Model" in bases or any(b.endswith(".Model") for b in bases):
         violations.append("[subclass-reference] ModelNew must not subclass the reference Model")
     if NATIVE_THREADS.search(code):
-        violations.append("[threads] native code must not start threads (std::thread, pthread_create, std::async)")
+        violations.append("[threads] native code must not start threads or host callbacks (std::thread, "
+                          "pthread_create, std::async, cudaLaunchHostFunc)")
     if "load_inline" not in code:
         violations.append("[no-kernel] no native kernel: build one with torch.utils.cpp_extension.load_inline")
     elif device == "cuda" and not kernel_names(code):
@@ -435,26 +451,36 @@ def _compare(candidate, reference, atol: float, rtol: float) -> tuple[str | None
     return None, None, worst
 
 
-# What the check and the timing rely on, by identity: a candidate that replaces one is rejected.
-TRUSTED = {"torch": ("allclose", "equal", "isfinite", "as_tensor"), "torch.cuda": ("synchronize",),
-           "torch.cuda.Event": ("record", "elapsed_time", "synchronize"),
-           "torch.Tensor": ("clone", "__sub__", "abs", "double", "max", "__mul__", "copy_"),
-           "time": ("perf_counter",)}
-
-
 def _trusted_objects() -> dict:
+    """Everything the check and the timing call, by identity: a candidate that replaces one is rejected.
+    Every method of torch.Tensor, every builtin, torch's and torch.cuda's functions, this module's own."""
+    import builtins
+
     import torch
 
     owners = {"torch": torch, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
-              "torch.Tensor": torch.Tensor, "time": time}
-    objects = {f"{owner}.{name}": getattr(owners[owner], name) for owner, names in TRUSTED.items() for name in names}
-    objects.update({f"evaluate.{k}": v for k, v in globals().items() if inspect.isfunction(v)})
-    return objects
+              "torch.Tensor": torch.Tensor, "builtins": builtins, "time": time, "evaluate": sys.modules[__name__]}
+    return {f"{label}.{name}": value for label, owner in owners.items() for name, value in vars(owner).items()
+            if callable(value)}
+
+
+# Namespaces of library kernels (ATen, CUB, CUTLASS, ...): a candidate's kernel named like one of those
+# is still theirs only if it is not in one of these.
+LIBRARY_NAMESPACES = {"at", "native", "c10", "cub", "thrust", "cutlass", "cute", "cublas", "cudnn", "flash", "triton"}
+# Work that computes nothing (allocation fills, copies): counted on neither side of the share.
+NEUTRAL_KERNEL = re.compile(r"Memset|Memcpy|FillFunctor|direct_copy_kernel")
+
+
+def is_own_kernel(event_name: str, names: list[str]) -> bool:
+    """Whether a profiled kernel is one of the candidate's own __global__ functions (not a library kernel)."""
+    qualified = re.sub(r"^void\s+|\(anonymous namespace\)::", "", event_name).split("(")[0].split("<")[0].strip()
+    *namespaces, base = qualified.split("::")
+    return base in names and not LIBRARY_NAMESPACES.intersection(namespaces)
 
 
 def _own_kernel_share(model, args: list, names: list[str]) -> tuple[float, list[str]] | None:
-    """Share of GPU time spent in the candidate's own kernels during one call, and the other kernels;
-    None where the profiler sees no GPU activity at all."""
+    """Share of the GPU time of one call spent in the candidate's own kernels, and the top other kernels;
+    None where the profiler sees no computing kernel at all."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -462,15 +488,14 @@ def _own_kernel_share(model, args: list, names: list[str]) -> tuple[float, list[
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         model(*args)
         torch.cuda.synchronize()
-    own_name = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b") if names else None
     own = total = 0.0
     others: dict[str, float] = {}
     for event in prof.events():
-        if event.device_type != DeviceType.CUDA:
+        if event.device_type != DeviceType.CUDA or NEUTRAL_KERNEL.search(event.name):
             continue
         us = event.time_range.elapsed_us()
         total += us
-        if own_name and own_name.search(event.name):
+        if is_own_kernel(event.name, names):
             own += us
         else:
             others[event.name[:60]] = others.get(event.name[:60], 0.0) + us
@@ -498,14 +523,16 @@ def _run(payload: dict) -> dict:
         torch.cuda.set_device(device)
     trusted = _trusted_objects()
     threads = threading.active_count()
+    settings = json.dumps(payload, sort_keys=True)
 
     def rejected(rule_and_why: str) -> dict:
         return {"rejected": rule_and_why, "times": times}
 
     def tampering() -> dict | None:
-        changed = [name for name, obj in _trusted_objects().items() if trusted.get(name) is not obj]
-        if changed:
-            return rejected(f"[patched-checker] the candidate replaced {', '.join(changed[:3])}")
+        now = _trusted_objects()
+        changed = [name for name, obj in trusted.items() if now.get(name) is not obj]
+        if changed or json.dumps(payload, sort_keys=True) != settings:
+            return rejected(f"[patched-checker] the candidate replaced {', '.join(changed[:3]) or 'the settings'}")
         if threading.active_count() > threads:
             return rejected("[threads] the candidate started a thread")
         return None
@@ -544,18 +571,27 @@ def _run(payload: dict) -> dict:
             free = torch.cuda.mem_get_info(device)[0]
             torch.empty(min(free // 2, payload["poison_bytes"]) // 4, device=device).fill_(float("nan"))
 
+    def probe(out) -> list:
+        """A few elements of each output, copied to the host in order on the current stream: what a
+        caller reading the result right away would see. Copies, unlike kernels, are not held back by a
+        kernel still filling the GPU on another stream."""
+        probes = []
+        for o in _flatten(out):
+            if isinstance(o, torch.Tensor) and o.is_contiguous() and o.numel():
+                flat = o.reshape(-1)
+                picks = sorted({round(i * (o.numel() - 1) / 7) for i in range(8)})
+                probes.append(torch.cat([flat[i:i + 1].to("cpu", copy=True) for i in picks]))
+        return probes
+
     def run_candidate(inputs: list):
         """The candidate's output, its (possibly modified) arguments, and whether the output was still
         being written by work not ordered before the current stream when forward returned."""
         poison()
         args = clone(inputs)
         out = model(*args)
-        # A copy queued on the current stream sees what a caller would see; a device-wide sync then lets
-        # any work left on a side stream finish. If the two differ, the caller would read a half result.
-        snapshot = [o.clone() if isinstance(o, torch.Tensor) else o for o in _flatten(out)]
-        sync()
-        unsynchronized = any(isinstance(o, torch.Tensor) and not _identical(o, c)
-                             for o, c in zip(_flatten(out), snapshot))
+        early = probe(out)
+        sync()  # device-wide: work left on a side stream finishes now
+        unsynchronized = any(not _identical(a, b) for a, b in zip(early, probe(out)))
         return out, args, unsynchronized
 
     start = time.perf_counter()

@@ -79,6 +79,9 @@ def test_kernel_names_are_read_from_global_functions_in_any_style():
     (("class ModelNew(nn.Module)", "class ModelNew(Model)"), "[subclass-reference]"),
     (("import math", "import math\nimport threading"), "[threads]"),
     (("void k() {}", "void k() { std::thread t([]{}); t.detach(); }"), "[threads]"),
+    (("out = torch.empty_like(x)", "out = torch.cuda.threading.Thread"), "[threads]"),
+    (("out = torch.empty_like(x)", "out = __import__('sys')._getframe(1).f_locals['payload']"), "[introspection]"),
+    (("import math", "import math\nimport gc"), "[introspection]"),
     (("__global__ void k() {}", "void k() {}"), "[no-kernel]"),
 ])
 def test_each_static_rule_rejects_and_names_itself(change, rule):

@@ -1,4 +1,4 @@
-"""Starts a thread behind the static rules' back (no import statement): it is seen at run time."""
+"""Starts a thread through the threading module that torch.cuda happens to import: no import statement."""
 import torch
 from torch.utils.cpp_extension import load_inline
 
@@ -16,5 +16,5 @@ ext = load_inline(name="adv_honest_relu", cpp_sources=source, functions=["relu"]
 
 class ModelNew(torch.nn.Module):
     def forward(self, x):
-        __import__("threading").Thread(target=__import__("time").sleep, args=(600,), daemon=True).start()
+        torch.cuda.threading.Thread(target=torch.cuda.threading.Event().wait, args=(600,), daemon=True).start()
         return ext.relu(x.contiguous())
