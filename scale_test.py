@@ -23,8 +23,8 @@ Live (--live): run generate.py for each allocation with exactly n trajectories x
 Beam search, a third strategy: --beam-width trajectories for budget / width turns; after every turn
 keep the --beam-keep trajectories with the fastest correct kernel so far and copy each width / keep
 times (paper: 16 wide, keep 4). It needs fresh generation after each pruning, so offline mode cannot
-do it. `beam_search()` takes the turn as a `step` callable; live mode lists it as skipped until
-generate.py exposes a function that runs one turn on existing trajectories.
+do it. Live, each task's beam runs on its own (its `width` trajectories share one generation batch),
+with generate.py's `run_turn` as the step; a copy gets its own sampling seed from its new position.
 
 Run:
   python scale_test.py runs/eval.jsonl --budget 16 --out-json runs/scale.json --plot-dir runs/scale
@@ -185,6 +185,35 @@ def offline_report(pools: dict[str, list[list[dict]]], budget: int, turn_counts:
             "curves": curves(pools, thresholds, curve_k, curve_turns)}
 
 
+def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path: Path) -> list[dict]:
+    """Beam search with generate.py's own turn, one task at a time; finished tasks are appended to
+    `path`, and a re-run skips them."""
+    import generate
+    from evaluate import EvalConfig
+
+    args = generate.parse_args([*generate_args, "--n-trajectories", str(width), "--turns", str(turns),
+                                "--out", str(path)])
+    done = load_trajectories(str(path)) if path.exists() else []
+    todo = [task for task in generate.load_tasks(args.tasks, args.split) if task.id not in {t["task"] for t in done}]
+    if not todo:
+        return done
+    backend = generate.make_backend(args)
+    eval_config = EvalConfig(device=args.device, gpus=args.gpus)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for task in todo:
+        def step(states: list[dict]) -> list[dict]:
+            for position, state in enumerate(states):
+                state["trajectory"] = position  # copies of one beam draw their own samples
+            generate.run_turn(states, [task] * len(states), backend, args, eval_config)
+            return states
+
+        final = beam_search([{"task": task.id, "trajectory": k, "turns": []} for k in range(width)], step, turns, keep)
+        with path.open("a") as f:
+            f.writelines(json.dumps(state) + "\n" for state in final)
+        done += final
+    return done
+
+
 def live_report(args: argparse.Namespace) -> dict:
     """Generate exactly n x T rollouts per allocation with generate.py, then measure them as offline."""
     generate_args = shlex.split(args.generate_args)
@@ -204,9 +233,13 @@ def live_report(args: argparse.Namespace) -> dict:
         rows.append(allocation_row(pools, n, t, args.thresholds))
         files.append(str(path))
         pools_by_turns[t] = pools
-    rows.append({"strategy": "beam", "trajectories": args.beam_width, "turns": args.budget // args.beam_width,
-                 "kernels": args.budget, "k": args.beam_width,
-                 "skipped": "generate.py has no per-turn function to continue pruned trajectories yet"})
+    beam_turns = args.budget // args.beam_width
+    path = args.out_dir / f"beam_{args.beam_width}x{beam_turns}_keep{args.beam_keep}.jsonl"
+    print(f"beam {args.beam_width} x {beam_turns}, keeping {args.beam_keep}: generating into {path}", file=sys.stderr)
+    beams = live_beam(generate_args, args.beam_width, beam_turns, args.beam_keep, path)
+    rows.append({**allocation_row(group_pools(beams), args.beam_width, beam_turns, args.thresholds),
+                 "strategy": "beam"})
+    files.append(str(path))
     serial = pools_by_turns[max(pools_by_turns)]  # the curves come from the allocation with the most turns
     return {"mode": "live", "budget": args.budget, "generate_args": generate_args, "files": files,
             "tasks": len(serial), "allocations": rows,

@@ -220,19 +220,24 @@ def test_live_mode_generates_each_allocation_and_measures_it(tmp_path):
     task.parent.mkdir(parents=True)
     task.write_text(TINY_TASK)
     out_json = tmp_path / "scale.json"
-    result = run_cli("--live", "--budget", "2", "--turns", "2,1", "--beam-width", "2", "--beam-keep", "1",
+    result = run_cli("--live", "--budget", "4", "--turns", "2,1", "--beam-width", "2", "--beam-keep", "1",
                      "--out-dir", str(tmp_path / "runs"), "--out-json", str(out_json),
                      f"--generate-args=--tasks {task} --device cpu --max-tokens 8")
     assert result.returncode == 0, result.stderr
     shapes = {name: [len(json.loads(line)["turns"]) for line in (tmp_path / "runs" / name).read_text().splitlines()]
-              for name in ("1x2.jsonl", "2x1.jsonl")}
-    assert shapes == {"1x2.jsonl": [2], "2x1.jsonl": [1, 1]}
+              for name in ("2x2.jsonl", "4x1.jsonl")}
+    assert shapes == {"2x2.jsonl": [2, 2], "4x1.jsonl": [1, 1, 1, 1]}
     report = json.loads(out_json.read_text())
     assert [(r["strategy"], r["trajectories"], r["turns"]) for r in report["allocations"]] == [
-        ("independent", 1, 2), ("independent", 2, 1), ("beam", 2, 1)]
+        ("independent", 2, 2), ("independent", 4, 1), ("beam", 2, 2)]
+    # 2 beams x 2 turns keeping 1: after turn 1 the better beam is copied, so both share their first turn
+    beams = [json.loads(line) for line in (tmp_path / "runs" / "beam_2x2_keep1.jsonl").read_text().splitlines()]
+    assert [(b["trajectory"], len(b["turns"])) for b in beams] == [(0, 2), (1, 2)]
+    assert beams[0]["turns"][0] == beams[1]["turns"][0]
+    assert "metrics" in report["allocations"][2]
     assert set(report["allocations"][0]["per_task"]) == {"level0/relu"}
-    assert report["curves"]["vs_turns"]["k"] == 1 and len(report["curves"]["vs_turns"]["points"]) == 2
-    assert "| independent | 2 x 1 | 2 |" in result.stdout
+    assert report["curves"]["vs_turns"]["k"] == 2 and len(report["curves"]["vs_turns"]["points"]) == 2
+    assert "| independent | 4 x 1 | 4 |" in result.stdout and "| beam | 2 x 2 | 4 |" in result.stdout
 
 
 def test_live_mode_refuses_generate_flags_it_sets_itself():
