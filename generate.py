@@ -274,7 +274,19 @@ class Reply:
     logprobs: list[float] | None
 
 
-class HFBackend:
+class ChatTokens:
+    """Prompt token ids through the model's own chat template, the assistant turn opened; for the
+    backends that hold a tokenizer (`self.tokenizer`)."""
+
+    def prompt_token_ids(self, messages: list[dict]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self.prompt_token_ids(messages))
+
+
+class HFBackend(ChatTokens):
     """transformers `generate`, batched with left padding; log-probs from the per-step scores.
 
     `model` is a path or hub id to load, or a model already in memory (train.py's policy), which then
@@ -296,13 +308,6 @@ class HFBackend:
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else self.tokenizer.eos_token_id])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
-
-    def prompt_token_ids(self, messages: list[dict]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False).input_ids
-
-    def count_tokens(self, messages: list[dict]) -> int:
-        return len(self.prompt_token_ids(messages))
 
     def generate(self, prompts: list[list[dict]], seeds: list[int]) -> list[Reply]:
         """One batch shares one random generator, seeded with the first prompt's seed."""
@@ -327,7 +332,7 @@ class HFBackend:
         return replies
 
 
-class VLLMBackend:
+class VLLMBackend(ChatTokens):
     """Offline `vllm.LLM`; prompts go in as token ids so the recorded ids are exactly what the model saw."""
 
     def __init__(self, model: str, temperature: float, max_tokens: int, tensor_parallel_size: int,
@@ -343,13 +348,6 @@ class VLLMBackend:
                        enable_sleep_mode=enable_sleep_mode)
         self.tokenizer = self.llm.get_tokenizer()
         self.temperature, self.max_tokens = temperature, max_tokens
-
-    def prompt_token_ids(self, messages: list[dict]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False).input_ids
-
-    def count_tokens(self, messages: list[dict]) -> int:
-        return len(self.prompt_token_ids(messages))
 
     def generate(self, prompts: list[list[dict]], seeds: list[int]) -> list[Reply]:
         inputs = [self.TokensPrompt(prompt_token_ids=self.prompt_token_ids(m)) for m in prompts]
