@@ -299,19 +299,11 @@ def _content_addressed_load_inline(build_root: str):
     cpp_ext.load_inline = load_inline
 
 
-def _import_candidate(path: str):
+def _import_file(path: str, name: str):
+    """Execute a source file as a module (a task, or a candidate) without touching sys.modules."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"candidate_{Path(path).parent.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _import_task(path: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("reference_task", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -340,7 +332,7 @@ def _child_entry(conn, job: str, payload: dict, env: dict, log_path: str):
 
 def _build(payload: dict) -> dict:
     start = time.perf_counter()
-    _import_candidate(payload["candidate"])
+    _import_file(payload["candidate"], "candidate")
     return {"seconds": time.perf_counter() - start}
 
 
@@ -351,10 +343,12 @@ def run_in_child(job: str, payload: dict, env: dict, timeout_s: float, log_path:
     child = ctx.Process(target=_child_entry, args=(sender, job, payload, env, log_path), daemon=True)
     child.start()
     sender.close()
-    result = None
+    result, timed_out = None, False
     try:
         if receiver.poll(timeout_s):
-            result = receiver.recv()
+            result = receiver.recv()  # EOFError: the child died without a word
+        else:
+            timed_out = True
     except (EOFError, OSError):
         result = None
     finally:
@@ -368,7 +362,7 @@ def run_in_child(job: str, payload: dict, env: dict, timeout_s: float, log_path:
             child.join()
     if result is not None:
         return result
-    if child.exitcode in (-signal.SIGKILL, None) or child.exitcode == 0:
+    if timed_out:
         return {"timeout": True}
     return {"crash": _describe_exit(child.exitcode), "log": _tail(log_path)}
 
@@ -538,8 +532,8 @@ def _run(payload: dict) -> dict:
         return None
 
     start = time.perf_counter()
-    task = _import_task(payload["task"])
-    candidate = _import_candidate(payload["candidate"])
+    task = _import_file(payload["task"], "reference_task")
+    candidate = _import_file(payload["candidate"], "candidate")
     torch.manual_seed(payload["seed"])
     init_inputs = task.get_init_inputs()
     torch.manual_seed(payload["seed"])
@@ -631,12 +625,8 @@ def _run(payload: dict) -> dict:
 
     def fresh(inputs: list) -> list:
         """A new buffer with slightly new values every trial: nothing can be cached by pointer or content."""
-        out = []
-        for x in inputs:
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                x = x * (1 + 1e-3 * (torch.rand_like(x) - 0.5))
-            out.append(x.clone() if isinstance(x, torch.Tensor) else x)
-        return out
+        return [x * (1 + 1e-3 * (torch.rand_like(x) - 0.5)) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                else x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
 
     share = None
     if cuda and payload["min_own_kernel_share"] > 0:
@@ -971,7 +961,7 @@ def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) 
     nearly constant, must change with the inputs, and (where the model has parameters) with them."""
     import torch
 
-    task = _import_task(str(path))
+    task = _import_file(str(path), "reference_task")
 
     def output(init_seed: int, input_seed: int):
         torch.manual_seed(init_seed)
