@@ -715,7 +715,9 @@ def _last_frames(tb: str, candidate_path: str, limit: int = 6) -> str:
     keep = []
     for i, line in enumerate(lines):
         if candidate_path in line:
-            keep += [line.replace(candidate_path, "solution.py").strip()] + [lines[i + 1].strip()][: i + 1 < len(lines)]
+            keep.append(line.replace(candidate_path, "solution.py").strip())
+            if i + 1 < len(lines):  # the source line itself
+                keep.append(lines[i + 1].strip())
     return "\n".join(keep[-limit:])
 
 
@@ -744,7 +746,8 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
                                      if re.search(r"error|Error|fault|abort|Abort", ln)))
         return make_result("runtime_error", f"Runtime error: {outcome['crash']}." + (f"\n{log}" if log else ""))
     if "rejected" in outcome:
-        return make_result("rejected", f"Rejected by the rules:\n- {outcome['rejected']}", time_s=outcome["times"])
+        return make_result("rejected", f"Rejected by the rules:\n- {outcome['rejected']}", time_s=outcome["times"],
+                           compiled=True)  # built and ran, then caught at run time
     if "incorrect" in outcome:
         return make_result("incorrect", f"Incorrect output: {outcome['incorrect']}.",
                            max_abs_diff=outcome["max_abs_diff"], time_s=outcome["times"])
