@@ -255,6 +255,7 @@ def test_repeated_4grams_measure_loops():
 
 
 # ---------------------------------------------------------------- the script itself
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the default run takes the paper's sizes")
 def test_default_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp_path):
     done = run_train("--output-dir", str(tmp_path))
     log = read_log(tmp_path)
@@ -269,6 +270,17 @@ def test_default_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp
     assert "step   score  correct" in done.stdout and len(done.stdout.splitlines()) >= 4
     assert (tmp_path / "checkpoints" / "step_000003" / "trainer_state.json").exists()
     assert (tmp_path / "final" / "config.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_online_steps_on_the_gpu_roll_out_evaluate_and_log(tmp_path):
+    """The tiny model on the GPU, CUDA evaluation of its replies, shrunk sizes: the loop, not learning."""
+    run_train("--steps", "2", "--tasks-per-step", "2", "--n-trajectories", "2", "--turns", "2", "--max-tokens", "64",
+              "--output-dir", str(tmp_path), timeout=900)
+    log = read_log(tmp_path)
+    assert [m["step"] for m in log] == [1, 2] and all(m["samples"] == 2 * 2 * 2 for m in log)
+    assert all(0 < m["train/entropy"] and "reward/correct_turn2" in m for m in log)
 
 
 def test_offline_mode_computes_missing_rewards_and_updates_the_tiny_model(offline_run):
