@@ -515,6 +515,23 @@ def _run(payload: dict) -> dict:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
+    start = time.perf_counter()
+    task = _import_file(payload["task"], "reference_task")
+    torch.manual_seed(payload["seed"])
+    init_inputs = task.get_init_inputs()
+    torch.manual_seed(payload["seed"])
+    reference = task.Model(*init_inputs).to(device).eval()
+
+    def make_inputs(seed: int) -> list:
+        torch.manual_seed(seed)
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
+
+    compiled = None
+    if payload["compile_baseline"]:  # compiled now: the threads and patches of torch.compile predate the snapshot
+        compiled = torch.compile(reference)
+        with torch.no_grad():
+            compiled(*make_inputs(payload["seed"]))
+
     trusted = _trusted_objects()
     threads = threading.active_count()
     settings = json.dumps(payload, sort_keys=True)
@@ -531,23 +548,13 @@ def _run(payload: dict) -> dict:
             return rejected("[threads] the candidate started a thread")
         return None
 
-    start = time.perf_counter()
-    task = _import_file(payload["task"], "reference_task")
     candidate = _import_file(payload["candidate"], "candidate")
-    torch.manual_seed(payload["seed"])
-    init_inputs = task.get_init_inputs()
-    torch.manual_seed(payload["seed"])
-    reference = task.Model(*init_inputs).to(device).eval()
     torch.manual_seed(payload["seed"])
     try:
         model = candidate.ModelNew(*init_inputs).to(device).eval()
     except Exception as e:  # a candidate whose constructor fails is a runtime error, not a harness error
         return {"stage": "init", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     times["load"] = time.perf_counter() - start
-
-    def make_inputs(seed: int) -> list:
-        torch.manual_seed(seed)
-        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
 
     def clone(inputs: list) -> list:
         return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
@@ -643,8 +650,8 @@ def _run(payload: dict) -> dict:
 
     start = time.perf_counter()
     models = {"candidate": model, "reference": reference}
-    if payload["compile_baseline"]:
-        models["compiled"] = torch.compile(reference)
+    if compiled is not None:
+        models["compiled"] = compiled
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=device) if cuda else None
 
     def timed(fn, args: list) -> tuple[float, object]:

@@ -205,6 +205,15 @@ def test_identical_candidates_share_one_evaluation(cpu_results):
     assert first == duplicate and first is not duplicate
 
 
+def test_the_torch_compile_baseline_is_timed_without_tripping_the_tamper_checks(cpu_results):
+    """torch.compile wraps torch functions and starts threads: that must not count against the candidate."""
+    records, _ = cpu_results
+    correct = next(r for r in records if r["solution"].endswith("correct_loop"))
+    [e] = ev.evaluate([correct], ev.EvalConfig(**{**CPU, "compile_baseline": True}))
+    assert e["status"] == "correct", e["feedback"]
+    assert e["compile_ref_runtime_ms"] > 0 and e["speedup_vs_compile"] > 0
+
+
 def test_incorrect_output_says_how_far_off_it_is(cpu_results):
     records, results = cpu_results
     e = next(e for r, e in zip(records, results) if r["solution"].endswith("incorrect_leaky"))
