@@ -10,11 +10,14 @@ Pipeline, per call of `evaluate(records)`:
      (no try/except, no `pass`, no torch.nn layers / functional / torch compute ops, a native kernel).
   2. build: every distinct candidate is imported in a child process from a pool sized to the cores;
      `load_inline` is redirected to a build folder named by the hash of its arguments, so an extension
-     that appears in many candidates (a GRPO group, a later turn) is compiled once and reused.
-  3. run: per GPU, one fresh child process per candidate: correctness on `--correct-trials` fresh random
-     input sets (candidate first, then the reference, each on its own clone of the inputs; shape, dtype,
-     NaN/Inf and tolerance checks), then candidate and reference timed alternately in the same process
-     (warm-up, L2 flush before each trial, CUDA events closed after a device-wide synchronize, median).
+     that appears in many candidates (a GRPO group, a later turn) is compiled once and reused; its CUDA
+     file is compiled against torch/types.h rather than torch/extension.h and its main.cpp against a
+     precompiled torch/extension.h, each with a fallback to the build as written (`_fast_load_inline`).
+  3. run: per GPU, one fresh child process per candidate, set up (CUDA context and all) while the one
+     before it runs: correctness on `--correct-trials` fresh random input sets (candidate first, then the
+     reference, each on its own clone of the inputs; shape, dtype, NaN/Inf and tolerance checks), then
+     candidate and reference timed alternately in the same process (warm-up, L2 flush before each trial,
+     CUDA events closed after a device-wide synchronize, median).
   A crash, illegal memory access, `sys.exit` or hang kills only that child; the result says so.
 
 Defaults follow the KernelBench version Kevin used (atol = rtol = 1e-2, seed 42 before building each
@@ -32,6 +35,7 @@ import argparse
 import ast
 import hashlib
 import inspect
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -39,6 +43,7 @@ import os
 import queue
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -82,9 +87,12 @@ class EvalConfig:
     kernels, profiled; 0 turns the check off"""
     poison_bytes: int = 2 << 30
     """free device memory filled with NaN before each correctness run (at most half of what is free)"""
+    defences: bool = True
+    """False skips every runtime defence (poison, clones, second run, probes, profiler, fresh timing inputs,
+    spot checks, tamper checks): only to measure what they cost (bench/defence_cost.py)"""
     seed: int = 42
     """seed set before get_init_inputs and before building each model (KernelBench's convention)"""
-    compile_workers: int = os.cpu_count() or 1
+    compile_workers: int = len(os.sched_getaffinity(0))
     """candidates built at once"""
     compile_timeout_s: float = 900.0
     """wall-clock limit for building one candidate"""
@@ -275,8 +283,16 @@ def _mp_context():
     return _CONTEXT
 
 
-def _content_addressed_load_inline(build_root: str):
-    """Wrap load_inline so that each distinct extension is built once in a folder named by its inputs."""
+_HEAVY_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"]', re.M)
+# What a compiler says when a declaration is missing, as a lighter header could cause; other errors (syntax,
+# types) come out the same under either header, so the source is not built a second time for them.
+_MISSING_NAME = re.compile(r"undefined|no member|not a member|class or namespace|incomplete type|no instance|"
+                           r"no suitable|not a template|not declared|no matching|cannot open|identifier", re.I)
+
+
+def _content_addressed_load_inline(build_root: str, make_pch: bool):
+    """Wrap load_inline so that each distinct extension is built once, in a folder named by its inputs,
+    and faster than as written (see `_fast_load_inline`)."""
     import torch
     import torch.utils.cpp_extension as cpp_ext
 
@@ -285,18 +301,99 @@ def _content_addressed_load_inline(build_root: str):
 
     def load_inline(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        if bound.arguments.get("build_directory") is None:
-            key = repr(sorted((k, v) for k, v in bound.arguments.items() if k != "verbose"))
-            key += torch.__version__ + os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-            folder = Path(build_root) / hashlib.sha256(key.encode()).hexdigest()[:20]
-            folder.mkdir(parents=True, exist_ok=True)
-            lock = folder / "lock"  # left behind by a build that was killed: older than any live build
-            if lock.exists() and time.time() - lock.stat().st_mtime > float(os.environ["KEVIN_STALE_LOCK_S"]):
-                lock.unlink(missing_ok=True)
-            bound.arguments["build_directory"] = str(folder)
-        return original(*bound.args, **bound.kwargs)
+        if bound.arguments.get("build_directory") is not None:
+            return original(*bound.args, **bound.kwargs)
+        key = repr(sorted((k, v) for k, v in bound.arguments.items() if k != "verbose"))
+        key += torch.__version__ + os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+        folder = Path(build_root) / hashlib.sha256(key.encode()).hexdigest()[:20]
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = folder / "lock"  # left behind by a build that was killed: older than any live build
+        if lock.exists() and time.time() - lock.stat().st_mtime > float(os.environ["KEVIN_STALE_LOCK_S"]):
+            lock.unlink(missing_ok=True)
+        bound.arguments["build_directory"] = str(folder)
+        return _fast_load_inline(original, bound.arguments, folder, Path(build_root) / "pch", make_pch)
 
     cpp_ext.load_inline = load_inline
+
+
+def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, make_pch: bool):
+    """load_inline with two shortcuts past torch's headers, which are >95% of a build; each falls back
+    to the build as written where it does not apply, so no source that builds is refused:
+      - the CUDA file gets torch/types.h instead of torch/extension.h (half of nvcc's time; the Python
+        bindings are compiled in main.cpp anyway); if that fails for a missing name, the source as written
+        is built (any other error is the same under both headers);
+      - main.cpp, which load_inline starts with torch/extension.h, is compiled against a precompiled
+        header of it, made once per set of compiler flags from the first such build's own flags (gcc
+        ignores a header whose flags do not match, and parses the text instead).
+    The shortcuts taken are recorded in the build folder, so that a later load finds the same build."""
+    import torch.utils.cpp_extension as cpp_ext
+
+    cuda = arguments.get("cuda_sources")
+    cuda = [cuda] if isinstance(cuda, str) else list(cuda or [])
+    flags_key = repr([arguments.get("extra_cflags"), arguments.get("extra_include_paths"), bool(cuda),
+                      arguments.get("with_cuda"), os.environ.get("CXX"), cpp_ext.__file__])
+    header = pch_root / hashlib.sha256(flags_key.encode()).hexdigest()[:16] / "torch_extension.h"
+    record = folder / "shortcuts.json"
+    if record.exists():
+        shortcuts = json.loads(record.read_text())
+    else:
+        usable = header.with_suffix(".h.gch").exists() and not re.search(r"\s", str(header))
+        shortcuts = {"light_cuda": any(_HEAVY_INCLUDE.search(s) for s in cuda), "pch": usable}
+        record.write_text(json.dumps(shortcuts))
+
+    def build(light: bool):
+        kwargs = dict(arguments)
+        if light:
+            kwargs["cuda_sources"] = [_HEAVY_INCLUDE.sub("#include <torch/types.h>", s) for s in cuda]
+        if shortcuts["pch"] and header.with_suffix(".h.gch").exists():
+            kwargs["extra_cflags"] = list(arguments.get("extra_cflags") or []) + ["-include", str(header)]
+        return original(**kwargs)
+
+    try:
+        try:
+            return build(shortcuts["light_cuda"])
+        except Exception as e:  # noqa: BLE001 - maybe the lighter header: build the source as written
+            errors = [line for line in str(e).splitlines() if "error" in line]
+            if not shortcuts["light_cuda"] or not any(_MISSING_NAME.search(line) for line in errors):
+                raise
+            shortcuts["light_cuda"] = False
+            record.write_text(json.dumps(shortcuts))
+            # torch renames an extension rebuilt in the same process from other sources (name_v1); forget the
+            # failed attempt, so that the build keeps the name a later load in a fresh process looks for
+            versioner = getattr(cpp_ext, "JIT_EXTENSION_VERSIONER", None)
+            if versioner is not None:
+                versioner.entries.pop(arguments["name"], None)
+            return build(False)
+    finally:
+        if make_pch and not header.with_suffix(".h.gch").exists():
+            _make_precompiled_header(folder / "build.ninja", header)
+
+
+def _make_precompiled_header(ninja_file: Path, header: Path) -> None:
+    """Precompile torch/extension.h with the flags ninja used for this build's main.cpp, once: the first
+    process to take the lock does it, the others go on without. The extension's name is left out: gcc
+    refuses a header made under another value of a macro, and torch's headers never read this one."""
+    import fcntl
+
+    flags = re.search(r"^cflags = (.*)$", ninja_file.read_text(), re.M) if ninja_file.exists() else None
+    compiler = re.search(r"^cxx = (.*)$", ninja_file.read_text(), re.M) if flags else None
+    if not compiler:
+        return
+    header.parent.mkdir(parents=True, exist_ok=True)
+    with open(header.parent / "lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return
+        if header.with_suffix(".h.gch").exists():
+            return
+        header.write_text("#include <torch/extension.h>\n")
+        partial = header.with_suffix(".h.gch.partial")
+        own_flags = re.sub(r"-DTORCH_EXTENSION_NAME=\S+", "", flags.group(1))
+        command = shlex.split(compiler.group(1)) + shlex.split(own_flags) + \
+            ["-x", "c++-header", str(header), "-o", str(partial)]
+        if subprocess.run(command, capture_output=True).returncode == 0:
+            partial.rename(header.with_suffix(".h.gch"))
 
 
 def _import_file(path: str, name: str):
@@ -309,8 +406,9 @@ def _import_file(path: str, name: str):
     return module
 
 
-def _child_entry(conn, job: str, payload: dict, env: dict, log_path: str):
-    """Runs in the child: own process group, output to a log, result (a dict) back through `conn`."""
+def _child_entry(conn, job: str, env: dict, log_path: str, device: str | None):
+    """Runs in the child: own process group, output to a log; sets up, waits for its one payload, and sends
+    the result (a dict) back through `conn`."""
     os.setpgrp()
     import resource
 
@@ -320,14 +418,35 @@ def _child_entry(conn, job: str, payload: dict, env: dict, log_path: str):
     os.dup2(fd, 2)
     os.environ.update(env)
     try:
-        _content_addressed_load_inline(env["KEVIN_BUILD_ROOT"])
-        result = _build(payload) if job == "build" else _run(payload)
+        _content_addressed_load_inline(env["KEVIN_BUILD_ROOT"], make_pch=job == "build")
+        if device and device.startswith("cuda"):
+            _warm_up(device)
+        failed = None
+    except BaseException as e:  # noqa: BLE001 - reported as the result of the job it was waiting for
+        failed = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    payload = conn.recv()
+    if payload is None:  # not needed after all
+        return
+    try:
+        result = failed or (_build(payload) if job == "build" else _run(payload))
     except BaseException as e:  # noqa: BLE001 - everything a candidate raises is a result, SystemExit too
         result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    result["cpu_s"] = sum(u.ru_utime + u.ru_stime for u in usage)  # compilers included: where the cores go
     sys.stdout.flush()
     sys.stderr.flush()
     conn.send(result)
     conn.close()
+
+
+def _warm_up(device: str) -> None:
+    """What a GPU run needs before its candidate, done while the candidate before it is still running:
+    the CUDA context, and torch._dynamo, which torch's profiler loads on first use (seconds together)."""
+    import torch
+    import torch._dynamo  # noqa: F401
+
+    torch.cuda.set_device(device)
+    torch.zeros(1, device=device)
 
 
 def _build(payload: dict) -> dict:
@@ -336,35 +455,50 @@ def _build(payload: dict) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
-def run_in_child(job: str, payload: dict, env: dict, timeout_s: float, log_path: str) -> dict:
-    """Run `job` in a fresh child; {'timeout': True}, {'crash': ...} or the child's own result dict."""
+def start_child(job: str, env: dict, log_path: str, device: str | None = None) -> tuple:
+    """A fresh child for one `job` ('build' or 'run'), started ahead: it sets itself up while it waits."""
     ctx = _mp_context()
-    receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child_entry, args=(sender, job, payload, env, log_path), daemon=True)
+    conn, child_end = ctx.Pipe()
+    child = ctx.Process(target=_child_entry, args=(child_end, job, env, log_path, device), daemon=True)
     child.start()
-    sender.close()
+    child_end.close()
+    return child, conn, log_path
+
+
+def finish_child(started: tuple, payload: dict | None, timeout_s: float = 0.0) -> dict:
+    """Give a started child its payload (None: dismiss it) and wait; {'timeout': True}, {'crash': ...} or
+    the child's own result dict."""
+    child, conn, log_path = started
     result, timed_out = None, False
     try:
-        if receiver.poll(timeout_s):
-            result = receiver.recv()  # EOFError: the child died without a word
+        conn.send(payload)
+        if payload is None:
+            pass
+        elif conn.poll(timeout_s):
+            result = conn.recv()  # EOFError: the child died without a word
         else:
             timed_out = True
     except (EOFError, OSError):
         result = None
     finally:
-        receiver.close()
-        child.join(timeout=5 if result is not None else 0.5)
-        if child.is_alive() or result is None:
+        conn.close()
+        child.join(timeout=5 if result is not None or payload is None else 0.5)
+        if child.is_alive() or (result is None and payload is not None):
             try:
                 os.killpg(child.pid, signal.SIGKILL)  # the child and anything it started (ninja, nvcc)
             except (ProcessLookupError, PermissionError):
                 pass
             child.join()
-    if result is not None:
-        return result
+    if result is not None or payload is None:
+        return result or {}
     if timed_out:
         return {"timeout": True}
     return {"crash": _describe_exit(child.exitcode), "log": _tail(log_path)}
+
+
+def run_in_child(job: str, payload: dict, env: dict, timeout_s: float, log_path: str) -> dict:
+    """Run `job` in a fresh child; see finish_child."""
+    return finish_child(start_child(job, env, log_path), payload, timeout_s)
 
 
 def _describe_exit(code: int) -> str:
@@ -511,6 +645,7 @@ def _run(payload: dict) -> dict:
     import torch
 
     times = {}
+    defend = payload["defences"]
     device = torch.device(payload["device"])
     cuda = device.type == "cuda"
     if cuda:
@@ -523,8 +658,12 @@ def _run(payload: dict) -> dict:
     reference = task.Model(*init_inputs).to(device).eval()
 
     def make_inputs(seed: int) -> list:
+        """Made on the device where the task does not say otherwise: a gigabyte of random numbers takes
+        seconds on the host and milliseconds on a GPU."""
         torch.manual_seed(seed)
-        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
+        with device:
+            inputs = task.get_inputs()
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
     compiled = None
     if payload["compile_baseline"]:  # compiled now: the threads and patches of torch.compile predate the snapshot
@@ -532,6 +671,10 @@ def _run(payload: dict) -> dict:
         with torch.no_grad():
             compiled(*make_inputs(payload["seed"]))
 
+    profiling = cuda and defend and payload["min_own_kernel_share"] > 0
+    if profiling:  # before the snapshot: torch's first profile loads torch._dynamo, which wraps torch.manual_seed
+        with torch.no_grad():
+            reference_seen = _own_kernel_share(reference, make_inputs(payload["seed"] + 1000), [])
     trusted = _trusted_objects()
     threads = threading.active_count()
     settings = json.dumps(payload, sort_keys=True)
@@ -540,6 +683,8 @@ def _run(payload: dict) -> dict:
         return {"rejected": rule_and_why, "times": times}
 
     def tampering() -> dict | None:
+        if not defend:
+            return None
         now = _trusted_objects()
         changed = [name for name, obj in trusted.items() if now.get(name) is not obj]
         if changed or json.dumps(payload, sort_keys=True) != settings:
@@ -568,7 +713,7 @@ def _run(payload: dict) -> dict:
 
     def poison():
         """Fill free device memory with NaN, so that output memory the candidate never writes is NaN."""
-        if cuda:
+        if cuda and defend:
             free = torch.cuda.mem_get_info(device)[0]
             torch.empty(min(free // 2, payload["poison_bytes"]) // 4, device=device).fill_(float("nan"))
 
@@ -588,8 +733,11 @@ def _run(payload: dict) -> dict:
         """The candidate's output, its (possibly modified) arguments, and whether the output was still
         being written by work not ordered before the current stream when forward returned."""
         poison()
-        args = clone(inputs)
+        args = clone(inputs) if defend else inputs
         out = model(*args)
+        if not defend:
+            sync()
+            return out, args, False
         early = probe(out)
         sync()  # device-wide: work left on a side stream finishes now
         unsynchronized = any(not _identical(a, b) for a, b in zip(early, probe(out)))
@@ -602,13 +750,13 @@ def _run(payload: dict) -> dict:
             inputs = make_inputs(payload["seed"] + 1 + trial)
             try:
                 out, args, unsynchronized = run_candidate(inputs)  # first: no reference result to inherit
-                again = run_candidate(inputs)[0] if trial == 0 else None
+                again = run_candidate(inputs)[0] if trial == 0 and defend else None
             except Exception as e:
                 return {"stage": "candidate", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             if unsynchronized:
                 return rejected("[unsynchronized-stream] the output was still being written when forward "
                                 "returned: synchronise side streams with the current stream before returning")
-            ref_args = clone(inputs)
+            ref_args = clone(inputs) if defend else inputs
             expected = reference(*ref_args)
             sync()
             status, why, diff = _compare(out, expected, payload["atol"], payload["rtol"])
@@ -618,7 +766,7 @@ def _run(payload: dict) -> dict:
             if status:
                 return {"incorrect": f"trial {trial + 1} of {payload['correct_trials']}: {why}",
                         "max_abs_diff": diff, "times": times}
-            if changed(inputs, args) and not changed(inputs, ref_args):
+            if defend and changed(inputs, args) and not changed(inputs, ref_args):
                 return rejected("[modifies-inputs] the candidate changed its input tensors in place")
             if again is not None and _compare(again, out, payload["atol"], payload["rtol"])[0]:
                 return rejected("[nondeterministic] two runs on the same inputs disagree "
@@ -632,14 +780,15 @@ def _run(payload: dict) -> dict:
 
     def fresh(inputs: list) -> list:
         """A new buffer with slightly new values every trial: nothing can be cached by pointer or content."""
+        if not defend:
+            return inputs
         return [x * (1 + 1e-3 * (torch.rand_like(x) - 0.5)) if isinstance(x, torch.Tensor) and x.is_floating_point()
                 else x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
 
     share = None
-    if cuda and payload["min_own_kernel_share"] > 0:
+    if profiling:
         with torch.no_grad():
             measured = _own_kernel_share(model, fresh(timing_inputs[0]), payload["kernel_names"])
-            reference_seen = _own_kernel_share(reference, fresh(timing_inputs[0]), [])
         if measured is None and reference_seen is not None:
             return rejected("[own-kernels-idle] no GPU kernel ran during the candidate's forward")
         if measured is not None:
@@ -679,9 +828,9 @@ def _run(payload: dict) -> dict:
             args = fresh(timing_inputs[trial % 2])
             outputs = {}
             for name, fn in models.items():  # alternate, so that clock drift hits both alike
-                ms, outputs[name] = timed(fn, clone(args))
+                ms, outputs[name] = timed(fn, clone(args) if defend else args)
                 samples[name].append(ms)
-            checked = trial in (0, payload["timing_trials"] - 1) or spot_check.random() < 0.25
+            checked = defend and (trial in (0, payload["timing_trials"] - 1) or spot_check.random() < 0.25)
             if checked and _compare(outputs["candidate"], outputs["reference"], payload["atol"], payload["rtol"])[0]:
                 return rejected(f"[changed-during-timing] timed run {trial + 1} returned a wrong result "
                                 "after the correctness trials had passed")
@@ -890,26 +1039,35 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
             else:
                 message = "Loading the module failed: " + _first_lines(message) + "\n" + \
                           _last_frames(outcome.get("traceback", ""), candidate)
-            finish(indices, make_result("compile_error", message.strip()), started)
+            finish(indices, make_result("compile_error", message.strip(),
+                                        time_s={"compile": round(time.perf_counter() - started, 3)},
+                                        cpu_s={"compile": round(outcome.get("cpu_s", 0.0), 3)}), started)
         else:
-            ready.put((job, started, outcome["seconds"]))
+            ready.put((job, started, outcome["seconds"], outcome["cpu_s"]))
 
     def device_worker(device: str):
+        logs = (str(Path(workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())
+        spare = start_child("run", env, next(logs), device)  # each candidate gets a fresh child, set up ahead
         while (item := ready.get()) is not None:
-            (task_path, candidate, indices), started, build_s = item
+            (task_path, candidate, indices), started, build_s, build_cpu_s = item
             payload = {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
                        "correct_trials": cfg.correct_trials, "atol": cfg.atol, "rtol": cfg.rtol,
                        "timing_trials": cfg.timing_trials, "timing_budget_s": cfg.timing_budget_s,
                        "warmup": cfg.warmup, "compile_baseline": cfg.compile_baseline,
                        "min_own_kernel_share": cfg.min_own_kernel_share, "poison_bytes": cfg.poison_bytes,
+                       "defences": cfg.defences,
                        "kernel_names": kernel_names(Path(candidate).read_text())}
-            outcome = run_in_child("run", payload, env, cfg.run_timeout_s,
-                                   str(Path(candidate).with_name("run.log")))
+            run_started = time.perf_counter()
+            child = spare if spare[0].is_alive() else start_child("run", env, next(logs), device)
+            spare = start_child("run", env, next(logs), device)
+            outcome = finish_child(child, payload, cfg.run_timeout_s)
             result = build_feedback(outcome, build_root=build_root, candidate_path=candidate,
                                     timeout_s=cfg.run_timeout_s)
-            result["time_s"] = {"compile": round(build_s, 3),
+            result["time_s"] = {"compile": round(build_s, 3), "run": round(time.perf_counter() - run_started, 3),
                                 **{k: round(v, 3) for k, v in result["time_s"].items()}}
+            result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(outcome.get("cpu_s", 0.0), 3)}
             finish(indices, result, started)
+        finish_child(spare, None)
 
     workers = [threading.Thread(target=device_worker, args=(d,), daemon=True) for d in devices]
     for w in workers:

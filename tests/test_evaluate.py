@@ -4,6 +4,9 @@ The CPU tests build real extensions with load_inline (C++ only) and run them in 
 the GPU tests do the same with the CUDA kernels in solutions/cuda/. Each file in solutions/ is named
 after the status the evaluator must give it."""
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -280,15 +283,44 @@ def test_cli_reads_stdin(cpu_results):
     assert json.loads(result.stdout)["eval"]["status"] == "format_error"
 
 
+def test_main_cpp_is_compiled_against_a_precompiled_header_made_by_the_first_build(tmp_path):
+    """The first build leaves a precompiled torch/extension.h behind; the next candidate's main.cpp is
+    compiled against it (gcc's -Winvalid-pch stays silent on the same command) and is still correct."""
+    correct = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith("correct_loop"))
+    renamed = {**correct, "code": correct["code"].replace('name="relu_loop"', 'name="relu_loop_again"')}
+    cfg = ev.EvalConfig(**dict(CPU, build_dir=str(tmp_path)))
+    first = ev.evaluate([correct], cfg)
+    assert list(tmp_path.glob("pch/*/torch_extension.h.gch"))
+    second = ev.evaluate([renamed], cfg)
+    assert [first[0]["status"], second[0]["status"]] == ["correct", "correct"]
+    folder = next(f.parent for f in tmp_path.glob("*/build.ninja") if "relu_loop_again" in f.read_text())
+    assert json.loads((folder / "shortcuts.json").read_text())["pch"]
+    flags = re.search(r"^cflags = (.*)$", (folder / "build.ninja").read_text(), re.M).group(1)
+    assert "-include" in flags
+    check = subprocess.run(["c++", *shlex.split(flags), "-Winvalid-pch", "-fsyntax-only", str(folder / "main.cpp")],
+                           capture_output=True, text=True)
+    assert check.returncode == 0 and "not used" not in check.stderr, check.stderr
+
+
 # --------------------------------------------------------------------------------------------------- GPU
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+def kept(name: str, records: list[dict], results: list[dict]) -> tuple[list[dict], list[dict]]:
+    """With KEEP_RESULTS=DIR set, a GPU batch's records and results are also written to DIR/name.jsonl,
+    for reports that quote them."""
+    if folder := os.environ.get("KEEP_RESULTS"):
+        with open(Path(folder) / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps({**r, "eval": e}) + "\n" for r, e in zip(records, results))
+    return records, results
+
+
 @pytest.fixture(scope="module")
 def cuda_results():
     records = ev.library_records(ROOT / "solutions" / "cuda")
-    return records, ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=45, progress=False))
+    return kept("solutions_cuda", records,
+                ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=45, progress=False)))
 
 
 @pytest.mark.gpu
@@ -305,7 +337,8 @@ def test_every_cuda_candidate_gets_the_status_its_name_promises(cuda_results):
 @pytest.fixture(scope="module")
 def cuda_adversarial_results():
     records = ev.library_records(ROOT / "tests" / "adversarial" / "cuda")
-    return records, ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=60, progress=False))
+    return kept("adversarial_cuda", records,
+                ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=60, progress=False)))
 
 
 @pytest.mark.gpu
@@ -338,3 +371,15 @@ def test_an_illegal_memory_access_does_not_affect_the_next_kernel(cuda_results):
     results = ev.evaluate(pair, ev.EvalConfig(device="cuda", gpus=[0], compile_workers=1, progress=False))
     assert [e["status"] for e in results] == ["runtime_error", "correct"]
     assert "illegal memory access" in results[0]["feedback"]
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_cuda_file_that_needs_torch_extension_h_is_built_with_it(cuda_results):
+    """The lighter header the evaluator tries first lacks pybind11; the build falls back to the source as written."""
+    records, results = cuda_results
+    e = next(e for r, e in zip(records, results) if r["solution"].endswith("correct_needs_extension_h"))
+    assert e["status"] == "correct", e["feedback"]
+    folder = next(f.parent for f in (ROOT / ".cache" / "builds").glob("*/cuda.cu") if "pybind11::handle" in f.read_text())
+    assert "#include <torch/extension.h>" in (folder / "cuda.cu").read_text()
+    assert json.loads((folder / "shortcuts.json").read_text())["light_cuda"] is False
