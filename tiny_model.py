@@ -6,7 +6,15 @@ byte-level BPE tokenizer trained on this repository's own text (its .py and .md 
 The model writes junk, which is its purpose: it exercises generation, evaluation and training
 end to end on a CPU in seconds.
 
-    python tiny_model.py            # build (or reuse) and print the path
+`build_qwen2_05b_shaped()` writes, to `.cache/qwen2-0.5b-shaped`, seeded random bf16 weights in the
+shape of Qwen2-0.5B (494M parameters: 24 layers, hidden 896, 14 query and 2 key-value heads, MLP 4864,
+a 151936-row embedding tied to the output layer) with the tiny tokenizer, so multi-GPU training can be
+timed and checked at a real model's size without downloading one. The tokenizer produces only its 3000
+ids; the model's other rows are still trained (through the tied output layer) and may be sampled, and
+decoding skips them.
+
+    python tiny_model.py                    # build (or reuse) the tiny model and print the path
+    python tiny_model.py --qwen2-0.5b-shaped   # the same for the Qwen2-0.5B-shaped model
 """
 
 import os
@@ -16,6 +24,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent
 DEFAULT_PATH = REPO / ".cache" / "tiny-model"
+QWEN2_05B_PATH = REPO / ".cache" / "qwen2-0.5b-shaped"
+# Qwen2-0.5B's config.json, less what the tokenizer decides (special token ids) and the context length.
+QWEN2_05B_SHAPE = {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                   "num_attention_heads": 14, "num_key_value_heads": 2, "rope_theta": 1e6, "rms_norm_eps": 1e-6}
 VOCAB_SIZE = 3000
 SEED = 0
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -61,29 +73,46 @@ def train_tokenizer(files: list[Path], vocab_size: int = VOCAB_SIZE):
 def build_tiny_model(path: str | os.PathLike = DEFAULT_PATH) -> str:
     """Build the tiny model at `path` unless it is already there; return the path as a string."""
     path = Path(path)
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
-        return str(path)
+    if not is_built(path):
+        tokenizer = train_tokenizer(corpus_files())
+        # head_dim 64: a size every vLLM attention backend supports
+        shape = {"vocab_size": len(tokenizer), "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                 "num_attention_heads": 2, "num_key_value_heads": 2}
+        write_model(path, tokenizer, shape, "float32")
+    return str(path)
+
+
+def build_qwen2_05b_shaped(path: str | os.PathLike = QWEN2_05B_PATH) -> str:
+    """Build the Qwen2-0.5B-shaped random model at `path` unless it is already there; return the path."""
+    path = Path(path)
+    if not is_built(path):
+        from transformers import AutoTokenizer
+
+        write_model(path, AutoTokenizer.from_pretrained(build_tiny_model()), QWEN2_05B_SHAPE, "bfloat16")
+    return str(path)
+
+
+def is_built(path: Path) -> bool:
+    return (path / "config.json").exists() and (path / "tokenizer.json").exists()
+
+
+def write_model(path: Path, tokenizer, shape: dict, dtype: str) -> None:
+    """A Qwen2 model of this shape with seeded random weights, saved with `tokenizer` at `path`."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = train_tokenizer(corpus_files())
     eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,  # head_dim 64: a size every vLLM attention backend supports
+        **shape,
         max_position_embeddings=32768,  # room for a 16k-token prompt plus a 16k-token reply
         tie_word_embeddings=True,
         bos_token_id=pad,
         eos_token_id=eos,
         pad_token_id=pad,
-        torch_dtype="float32",
+        torch_dtype=dtype,
     )
     torch.manual_seed(SEED)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     # Build in a sibling folder and rename, so a reader never sees a half-written model.
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp"))
@@ -95,8 +124,12 @@ def build_tiny_model(path: str | os.PathLike = DEFAULT_PATH) -> str:
         staging.rename(path)
     except OSError:  # another process finished first; its model is as good as ours
         shutil.rmtree(staging)
-    return str(path)
 
 
 if __name__ == "__main__":
-    print(build_tiny_model())
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--qwen2-0.5b-shaped", dest="qwen2", action="store_true",
+                        help="build the random model of Qwen2-0.5B's shape instead of the tiny one")
+    print(build_qwen2_05b_shaped() if parser.parse_args().qwen2 else build_tiny_model())

@@ -631,6 +631,7 @@ def main(argv=None) -> None:
         # ------------------------------------------------ metrics
         rows = gather_object(rollout_rows(mine))
         checksums = gather_object([parameter_checksum(model)])
+        placement = gather_object([{"device": str(accelerator.device), "eval_gpus": eval_config.gpus}])
         totals = accelerator.reduce(totals, "sum").tolist()
         first_words.update(r["first_word"] for r in rows)
         usual = first_words.most_common(1)[0][0]
@@ -645,7 +646,7 @@ def main(argv=None) -> None:
         if accelerator.is_main_process:
             with log_path.open("a") as f:
                 f.write(json.dumps({"step": step + 1, "tasks": picked, "samples": n_samples, "usual_first_word": usual,
-                                    **metrics, "checksum_per_rank": checksums}) + "\n")
+                                    **metrics, "checksum_per_rank": checksums, "placement_per_rank": placement}) + "\n")
         bar.set_postfix(score=f"{metrics['reward/score']:.3f}", correct=f"{metrics['reward/correct']:.0%}")
 
         # ------------------------------------------------ checkpoint
