@@ -425,8 +425,6 @@ def _child_entry(conn, job: str, env: dict, log_path: str, device: str | None):
     except BaseException as e:  # noqa: BLE001 - reported as the result of the job it was waiting for
         failed = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     payload = conn.recv()
-    if payload is None:  # not needed after all
-        return
     try:
         result = failed or (_build(payload) if job == "build" else _run(payload))
     except BaseException as e:  # noqa: BLE001 - everything a candidate raises is a result, SystemExit too
@@ -465,16 +463,14 @@ def start_child(job: str, env: dict, log_path: str, device: str | None = None) -
     return child, conn, log_path
 
 
-def finish_child(started: tuple, payload: dict | None, timeout_s: float = 0.0) -> dict:
-    """Give a started child its payload (None: dismiss it) and wait; {'timeout': True}, {'crash': ...} or
-    the child's own result dict."""
+def finish_child(started: tuple, payload: dict, timeout_s: float) -> dict:
+    """Give a started child its payload and wait; {'timeout': True}, {'crash': ...} or the child's own
+    result dict."""
     child, conn, log_path = started
     result, timed_out = None, False
     try:
         conn.send(payload)
-        if payload is None:
-            pass
-        elif conn.poll(timeout_s):
+        if conn.poll(timeout_s):
             result = conn.recv()  # EOFError: the child died without a word
         else:
             timed_out = True
@@ -482,18 +478,24 @@ def finish_child(started: tuple, payload: dict | None, timeout_s: float = 0.0) -
         result = None
     finally:
         conn.close()
-        child.join(timeout=5 if result is not None or payload is None else 0.5)
-        if child.is_alive() or (result is None and payload is not None):
-            try:
-                os.killpg(child.pid, signal.SIGKILL)  # the child and anything it started (ninja, nvcc)
-            except (ProcessLookupError, PermissionError):
-                pass
-            child.join()
-    if result is not None or payload is None:
-        return result or {}
+        child.join(timeout=5 if result is not None else 0.5)
+        if child.is_alive() or result is None:
+            stop_child(started)
+    if result is not None:
+        return result
     if timed_out:
         return {"timeout": True}
     return {"crash": _describe_exit(child.exitcode), "log": _tail(log_path)}
+
+
+def stop_child(started: tuple) -> None:
+    """Kill a child and anything it started (ninja, nvcc), e.g. one started ahead and not needed."""
+    child = started[0]
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        child.kill()  # not (yet) the leader of its own process group
+    child.join()
 
 
 def run_in_child(job: str, payload: dict, env: dict, timeout_s: float, log_path: str) -> dict:
@@ -1067,7 +1069,7 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
                                 **{k: round(v, 3) for k, v in result["time_s"].items()}}
             result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(outcome.get("cpu_s", 0.0), 3)}
             finish(indices, result, started)
-        finish_child(spare, None)
+        stop_child(spare)
 
     workers = [threading.Thread(target=device_worker, args=(d,), daemon=True) for d in devices]
     for w in workers:
