@@ -1,0 +1,394 @@
+"""Warm start: supervised fine-tuning on a library of kernel variants, so that a small policy writes
+parseable candidates before RL.
+
+A randomly initialised model writes junk: every reply is a format error, every GRPO group has zero
+spread and RL has nothing to learn from. This stage teaches a model a small library of hand-written
+variants per task, some that fail (compile error, wrong result), some correct but slow, some correct
+and fast: files `<level>/<task stem>.<status>_<what>.py` (solutions/warm_start/), whose docstring is
+the summary the policy writes after the code. The pairs go through generate.py's own prompts and reply
+format, so that generate.py and train.py parse what the model learned:
+
+  turn 1    prompt: the task, no attempts            replies: every variant of the task, once
+  turn t>1  prompt: earlier attempts, each with the  replies: every variant a refiner may try next:
+            evaluator's real feedback (evaluate.py    any variant that scores at least as well as
+            runs the library once here)               the last attempt, a failing one never repeated
+
+Attempt histories are paths sampled from that rule (--paths per task, up to --turns - 1 attempts
+long), so later-turn prompts look like those of a multi-turn rollout; the decimal numbers in quoted
+feedback (timings, speedups, differences) are jittered, since no two evaluations time a kernel alike.
+The library is small on purpose and its variants of one task share all text but their first lines:
+the policy should reproduce it verbatim, so that during RL almost every kernel it writes is one that
+the evaluator's content-addressed build cache already holds (a new kernel costs a full build).
+
+With --model tiny (the default) the model is a fresh Qwen2 of --layers x --hidden on the tiny model's
+tokenizer (tiny_model.py), larger than the tiny model itself so that it memorises the library in a
+short run; any other --model is a Hugging Face path fine-tuned as it is. The loss is the mean
+log-likelihood of the reply tokens (the reply's end-of-turn token included), computed with train.py's
+own batching, so positions and padding match what RL will see.
+
+Run:
+  python warm_start.py --out runs/warm_start                        # CUDA library on its demo-sized tasks
+  python warm_start.py --device cpu --out runs/warm_start_cpu       # C++ library on tests/tasks
+  python train.py --model runs/warm_start ...                       # RL from the warm-started policy
+
+Output (--out): the model with its tokenizer and generation config (train.py --model and generate.py
+--model load it), library_evals.jsonl (the evaluator's verdict on each variant), warm_start.json (the
+library, the examples per turn, the loss, and a sampling check: of the replies sampled at the RL
+temperature, how many parse, how many are a library variant word for word, how many distinct new
+kernels appear), and a summary table.
+"""
+
+import argparse
+import ast
+import json
+import math
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import reward
+from evaluate import STATUSES, EvalConfig, evaluate, library_records
+from generate import ChatTokens, HFBackend, load_tasks, parse_reply, render_prompt
+from train import Sample, collate, reply_logits, token_logprobs
+
+REPO = Path(__file__).resolve().parent
+LIBRARY = REPO / "solutions" / "warm_start"
+DEFAULT_TASKS = {"cuda": LIBRARY / "tasks", "cpu": REPO / "tests" / "tasks"}
+
+
+# ---------------------------------------------------------------- the library
+def split_variant(source: str, name: str) -> tuple[str, str]:
+    """(code, summary): a library file without its docstring, and the docstring as one line."""
+    tree = ast.parse(source)
+    summary = ast.get_docstring(tree)
+    if not summary:
+        raise SystemExit(f"{name}: a variant needs a docstring (the summary the policy writes after its code)")
+    first = tree.body[0]
+    code = "\n".join(source.splitlines()[first.end_lineno:]).lstrip("\n")
+    return code if code.endswith("\n") else code + "\n", " ".join(summary.split())
+
+
+def reply_text(code: str, summary: str) -> str:
+    """What the policy should write: the code in one fenced block, then its summary (generate.parse_reply's format)."""
+    return f"```python\n{code}```\n{summary}"
+
+
+def load_library(folder: Path) -> list[dict]:
+    """One dict per variant file: task, variant name, code, summary, the reply text."""
+    variants = []
+    for record in library_records(folder):
+        code, summary = split_variant(record["code"], record["solution"])
+        variants.append({"task": record["task"], "variant": record["solution"], "code": code, "summary": summary,
+                         "reply": reply_text(code, summary)})
+    if not variants:
+        raise SystemExit(f"--library {folder}: no variant files (<level>/<task stem>.<status>_<what>.py)")
+    return variants
+
+
+def expected_status(variant: str) -> str:
+    """The status a library file's name promises: `level1/7_ReLU.correct_vec4` -> `correct`."""
+    what = variant.split(".", 1)[1]
+    return next(s for s in sorted(STATUSES, key=len, reverse=True) if what.startswith(s))
+
+
+def next_variants(variants: list[dict], last: dict) -> list[dict]:
+    """What a refiner may try after `last`: any variant scoring at least as well, a failing one never twice."""
+    return [v for v in variants if v["score"] >= last["score"] and not (v is last and v["score"] == 0)]
+
+
+def histories(variants: list[dict], turns: int, paths: int, rng: random.Random) -> list[tuple[int, ...]]:
+    """Distinct attempt histories (indices into `variants`) of 1 .. turns-1 attempts, as prefixes of
+    `paths` paths that start anywhere and move by `next_variants`; in order of first appearance."""
+    seen: dict[tuple[int, ...], None] = {}
+    for _ in range(paths):
+        path = [rng.randrange(len(variants))]
+        while len(path) < turns - 1:
+            path.append(variants.index(rng.choice(next_variants(variants, variants[path[-1]]))))
+        for k in range(1, len(path) + 1):
+            seen.setdefault(tuple(path[:k]), None)
+    return list(seen)
+
+
+def jitter_numbers(feedback: str, rng: random.Random) -> str:
+    """The feedback with every decimal number scaled by a random factor in [0.5, 2], digits kept: a kernel's
+    timings differ from one evaluation to the next, and the policy should not key on one run's numbers."""
+    def scaled(match: re.Match) -> str:
+        decimals = len(match.group(0).split(".")[1])
+        return f"{float(match.group(0)) * 2 ** rng.uniform(-1, 1):.{decimals}f}"
+
+    return re.sub(r"\d+\.\d+", scaled, feedback)
+
+
+def sft_examples(task_source: str, variants: list[dict], turns: int, paths: int, device: str,
+                 rng: random.Random) -> list[dict]:
+    """(messages, reply, turn) pairs for one task: turn 1 with every variant, later turns after sampled histories.
+
+    Later-turn variants need "eval" (an evaluate.py result, whose feedback the prompt quotes, its numbers
+    jittered) and "score"."""
+    examples = [{"messages": render_prompt(task_source, [], True, device), "reply": v["reply"], "turn": 0,
+                 "variant": v["variant"]} for v in variants]
+    for history in histories(variants, turns, paths, rng) if turns > 1 else []:
+        attempts = [{"turn": t, "code": variants[i]["code"], "summary": variants[i]["summary"],
+                     "eval": {"feedback": jitter_numbers(variants[i]["eval"]["feedback"], rng)}}
+                    for t, i in enumerate(history)]
+        messages = render_prompt(task_source, attempts, False, device)
+        examples += [{"messages": messages, "reply": v["reply"], "turn": len(history), "variant": v["variant"]}
+                     for v in next_variants(variants, variants[history[-1]])]
+    return examples
+
+
+# ---------------------------------------------------------------- the model
+def fresh_model(layers: int, hidden: int, seed: int):
+    """A seeded random Qwen2 of the given size on the tiny model's tokenizer (head size 64, MLP 2 x hidden)."""
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from tiny_model import build_tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(), padding_side="left")
+    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+                         num_key_value_heads=max(1, hidden // 64), max_position_embeddings=32768,
+                         tie_word_embeddings=True, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=pad)
+    return model, tokenizer
+
+
+def learning_rate(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak: a low final rate settles the memorised text."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# ---------------------------------------------------------------- the check
+@torch.no_grad()
+def greedy_codes(model, tokenizer, prompts: list[dict], max_tokens: int) -> list[str | None]:
+    """The code of the model's most likely reply to each prompt, in one left-padded batch (None: no code block)."""
+    tokens = ChatTokens()
+    tokens.tokenizer = tokenizer
+    batch = tokenizer.pad({"input_ids": [tokens.prompt_token_ids(p["messages"]) for p in prompts]},
+                          return_tensors="pt").to(model.device)
+    config = model.generation_config
+    out = model.generate(**batch, do_sample=False, max_new_tokens=max_tokens, pad_token_id=config.pad_token_id,
+                         eos_token_id=config.eos_token_id)
+    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    return [parse_reply(text)[0] for text in texts]
+
+
+def sampling_check(model, tokenizer, prompts: list[dict], library_codes: set[str], samples: int,
+                   temperature: float, max_tokens: int, seed: int) -> list[dict]:
+    """Per prompt, `samples` replies at the RL temperature (all in one batch, as train.py samples a group):
+    how many parse, how many are a library variant word for word, how many distinct new kernels."""
+    backend = HFBackend(model, temperature, max_tokens, tokenizer=tokenizer)
+    replies = backend.generate([p["messages"] for p in prompts for _ in range(samples)], [seed] * len(prompts) * samples)
+    rows = []
+    for n, prompt in enumerate(prompts):
+        codes = [parse_reply(r.text)[0] for r in replies[n * samples:(n + 1) * samples]]
+        rows.append({"task": prompt["task"], "turn": prompt["turn"], "samples": samples,
+                     "parsed": sum(c is not None for c in codes),
+                     "library": sum(c in library_codes for c in codes),
+                     "new_kernels": len({c for c in codes if c is not None and c not in library_codes})})
+    return rows
+
+
+# ---------------------------------------------------------------- config
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # library and tasks
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                   help="kind of kernels: cuda (CUDA, evaluated on a GPU) or cpu (C++ on the CPU); default: "
+                        "cuda with a GPU, cpu without")
+    p.add_argument("--library", default=None, help="folder of variants (default: solutions/warm_start/<device>)")
+    p.add_argument("--tasks", default=None, help="task folder the variants' task ids resolve against (default: "
+                   "solutions/warm_start/tasks for cuda, tests/tasks for cpu)")
+    p.add_argument("--turns", type=int, default=4,
+                   help="longest rollout to prepare for: histories of up to turns-1 attempts (1: turn-1 examples "
+                        "only, and the library is not evaluated)")
+    p.add_argument("--paths", type=int, default=8, help="sampled attempt paths per task that later-turn prompts come from")
+    # model
+    p.add_argument("--model", default="tiny",
+                   help="'tiny': a fresh model of --layers x --hidden on the tiny tokenizer; else an HF path to fine-tune")
+    p.add_argument("--layers", type=int, default=4, help="tiny: transformer layers")
+    p.add_argument("--hidden", type=int, default=256, help="tiny: hidden size (a multiple of 64; heads of 64)")
+    # optimisation
+    p.add_argument("--epochs", type=int, default=60, help="passes over the examples")
+    p.add_argument("--batch-size", type=int, default=4, help="examples per gradient step")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW), warm-up 5%%, cosine to 10%%")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model, the histories and the shuffling")
+    # check
+    p.add_argument("--check-samples", type=int, default=16,
+                   help="replies sampled per check prompt (the turn-1 prompt and one later-turn prompt per turn, "
+                        "per task); 0: greedy check only")
+    p.add_argument("--temperature", type=float, default=0.9, help="sampling temperature of the check (train.py's)")
+    # output
+    p.add_argument("--out", required=True, help="output folder: model, tokenizer, library_evals.jsonl, warm_start.json")
+    args = p.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.library = Path(args.library or LIBRARY / args.device)
+    args.tasks = Path(args.tasks or DEFAULT_TASKS[args.device])
+    for flag in ("turns", "paths", "layers", "hidden", "epochs", "batch_size"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.hidden % 64:
+        raise SystemExit(f"--hidden must be a multiple of 64 (heads of 64), got {args.hidden}")
+    if args.lr <= 0 or args.temperature <= 0 or args.check_samples < 0:
+        raise SystemExit("--lr and --temperature must be positive, --check-samples not negative")
+    for flag in ("library", "tasks"):
+        if not getattr(args, flag).is_dir():
+            raise SystemExit(f"--{flag} {getattr(args, flag)}: not a folder")
+    return args
+
+
+# ---------------------------------------------------------------- the run
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from accelerate import Accelerator
+    from accelerate.utils import broadcast_object_list, set_seed
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    print0 = accelerator.print
+    set_seed(args.seed)
+    out = Path(args.out)
+
+    # ------------------------------------------------ the library, judged by the evaluator
+    variants = load_library(args.library)
+    tasks = {task.id: task for task in load_tasks(str(args.tasks), None)}
+    missing = sorted({v["task"] for v in variants} - set(tasks))
+    if missing:
+        raise SystemExit(f"--tasks {args.tasks} has no task {missing[0]} (named by the library's files)")
+    if args.turns > 1:
+        evals = [None]
+        if accelerator.is_main_process:  # one evaluation, sent to every rank
+            evals = [evaluate([{"task": v["task"], "code": v["code"]} for v in variants],
+                              EvalConfig(device=args.device, tasks=str(args.tasks)))]
+        evals = broadcast_object_list(evals)[0]
+        for v, result in zip(variants, evals):
+            v["eval"], v["score"] = result, reward.turn_score(result)
+            if result["status"] != expected_status(v["variant"]):
+                print0(f"warning: {v['variant']} was judged {result['status']}: {result['feedback'][:200]}")
+    else:
+        for v in variants:
+            v["score"] = 0.0
+
+    # ------------------------------------------------ prompt -> reply pairs
+    rng = random.Random(args.seed)
+    examples = []
+    for task_id in sorted({v["task"] for v in variants}):
+        mine = [v for v in variants if v["task"] == task_id]
+        examples += [dict(e, task=task_id) for e in sft_examples(tasks[task_id].source, mine, args.turns,
+                                                                  args.paths, args.device, rng)]
+
+    # ------------------------------------------------ model
+    if args.model == "tiny":
+        model, tokenizer = fresh_model(args.layers, args.hidden, args.seed)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_id = model.generation_config.eos_token_id
+    eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
+    tokens = ChatTokens()
+    tokens.tokenizer = tokenizer
+    samples = [Sample(tokens.prompt_token_ids(e["messages"]),
+                      tokenizer(e["reply"], add_special_tokens=False).input_ids + [eos_id], None, 0.0)
+               for e in examples]
+    longest_reply = max(len(s.reply_ids) for s in samples)
+
+    # ------------------------------------------------ supervised fine-tuning
+    loader = torch.utils.data.DataLoader(samples, batch_size=args.batch_size, shuffle=True,
+                                         collate_fn=lambda chunk: collate(chunk, pad_id))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model.train()
+    total = args.epochs * len(loader)
+    warmup = max(1, total // 20)
+    losses, step = [], 0
+    bar = tqdm(range(args.epochs), desc="warm start", unit="epoch", disable=not accelerator.is_main_process,
+               file=sys.stderr)
+    for _ in bar:
+        epoch_loss = []
+        for batch in loader:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, total, args.lr, warmup)
+            logprobs = token_logprobs(reply_logits(model, batch), batch["targets"], 1.0)
+            loss = -logprobs[batch["reply_mask"]].mean()
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+            epoch_loss.append(loss.item())
+            step += 1
+        losses.append(sum(epoch_loss) / len(epoch_loss))
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    bar.close()
+
+    # ------------------------------------------------ check, save, summarise
+    model = accelerator.unwrap_model(model).eval()
+    library_codes = {v["code"] for v in variants}
+    check_prompts = []
+    for task_id in sorted({e["task"] for e in examples}):
+        for turn in sorted({e["turn"] for e in examples if e["task"] == task_id}):
+            first = next(e for e in examples if e["task"] == task_id and e["turn"] == turn)
+            check_prompts.append({"task": task_id, "turn": turn, "messages": first["messages"]})
+    greedy = [code in library_codes for code in greedy_codes(model, tokenizer, check_prompts, longest_reply + 16)]
+    check = sampling_check(model, tokenizer, check_prompts, library_codes, args.check_samples, args.temperature,
+                           longest_reply + 16, args.seed) if args.check_samples else []
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        if args.turns > 1:
+            with (out / "library_evals.jsonl").open("w") as f:
+                for v in variants:
+                    f.write(json.dumps({"task": v["task"], "solution": v["variant"], "code": v["code"],
+                                        "eval": v["eval"]}) + "\n")
+        per_turn = {t + 1: sum(e["turn"] == t for e in examples) for t in sorted({e["turn"] for e in examples})}
+        report = {
+            "model": {"source": args.model, "layers": model.config.num_hidden_layers,
+                      "hidden": model.config.hidden_size, "parameters": sum(p.numel() for p in model.parameters())},
+            "library": [{"variant": v["variant"], "status": v.get("eval", {}).get("status"),
+                         "speedup": v.get("eval", {}).get("speedup"), "score": v["score"],
+                         "reply_tokens": len(tokenizer(v["reply"], add_special_tokens=False).input_ids) + 1}
+                        for v in variants],
+            "examples_per_turn": per_turn, "longest_reply_tokens": longest_reply,
+            "loss_per_epoch": losses, "greedy_is_library": dict(zip((f"{p['task']} turn {p['turn'] + 1}"
+                                                                     for p in check_prompts), greedy)),
+            "sampling_check": check, "seconds": round(time.perf_counter() - started, 1), "args": {
+                k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+        (out / "warm_start.json").write_text(json.dumps(report, indent=1))
+        print0(summary_table(report))
+        print0(f"model: {out}   report: {out / 'warm_start.json'}")
+
+
+def summary_table(report: dict) -> str:
+    """The library as the evaluator judged it, the examples, the loss, and what the model now writes."""
+    lines = [f"{'variant':<44} {'status':>14} {'speedup':>8} {'score':>6} {'tokens':>7}"]
+    for v in report["library"]:
+        speedup = f"{v['speedup']:.2f}x" if v["speedup"] is not None else "-"
+        lines.append(f"{v['variant']:<44} {v['status'] or 'not run':>14} {speedup:>8} {v['score']:>6.2f} "
+                     f"{v['reply_tokens']:>7}")
+    lines.append("examples per turn: " + ", ".join(f"turn {t}: {n}" for t, n in report["examples_per_turn"].items()))
+    lines.append(f"loss: {report['loss_per_epoch'][0]:.4f} (first epoch) -> {report['loss_per_epoch'][-1]:.5f} (last)")
+    greedy = report["greedy_is_library"]
+    lines.append(f"greedy reply is a library variant: {sum(greedy.values())} of {len(greedy)} check prompts")
+    if report["sampling_check"]:
+        lines.append(f"{'task':<16} {'turn':>4} {'samples':>8} {'parsed':>7} {'library':>8} {'new kernels':>12}")
+        for r in report["sampling_check"]:
+            lines.append(f"{r['task']:<16} {r['turn'] + 1:>4} {r['samples']:>8} {r['parsed']:>7} {r['library']:>8} "
+                         f"{r['new_kernels']:>12}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
