@@ -333,11 +333,12 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
     flags_key = repr([arguments.get("extra_cflags"), arguments.get("extra_include_paths"), bool(cuda),
                       arguments.get("with_cuda"), os.environ.get("CXX"), cpp_ext.__file__])
     header = pch_root / hashlib.sha256(flags_key.encode()).hexdigest()[:16] / "torch_extension.h"
+    pch = header.with_suffix(".h.gch")  # where gcc looks for the precompiled `-include header`
     record = folder / "shortcuts.json"
     if record.exists():
         shortcuts = json.loads(record.read_text())
     else:
-        usable = header.with_suffix(".h.gch").exists() and not re.search(r"\s", str(header))
+        usable = pch.exists() and not re.search(r"\s", str(header))
         shortcuts = {"light_cuda": any(_HEAVY_INCLUDE.search(s) for s in cuda), "pch": usable}
         record.write_text(json.dumps(shortcuts))
 
@@ -345,7 +346,7 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
         kwargs = dict(arguments)
         if light:
             kwargs["cuda_sources"] = [_HEAVY_INCLUDE.sub("#include <torch/types.h>", s) for s in cuda]
-        if shortcuts["pch"] and header.with_suffix(".h.gch").exists():
+        if shortcuts["pch"] and pch.exists():
             kwargs["extra_cflags"] = list(arguments.get("extra_cflags") or []) + ["-include", str(header)]
         return original(**kwargs)
 
@@ -365,19 +366,19 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
                 versioner.entries.pop(arguments["name"], None)
             return build(False)
     finally:
-        if make_pch and not header.with_suffix(".h.gch").exists():
-            _make_precompiled_header(folder / "build.ninja", header)
+        if make_pch and not pch.exists():
+            _make_precompiled_header(folder / "build.ninja", header, pch)
 
 
-def _make_precompiled_header(ninja_file: Path, header: Path) -> None:
+def _make_precompiled_header(ninja_file: Path, header: Path, pch: Path) -> None:
     """Precompile torch/extension.h with the flags ninja used for this build's main.cpp, once: the first
     process to take the lock does it, the others go on without. The extension's name is left out: gcc
     refuses a header made under another value of a macro, and torch's headers never read this one."""
     import fcntl
 
-    flags = re.search(r"^cflags = (.*)$", ninja_file.read_text(), re.M) if ninja_file.exists() else None
-    compiler = re.search(r"^cxx = (.*)$", ninja_file.read_text(), re.M) if flags else None
-    if not compiler:
+    ninja = ninja_file.read_text() if ninja_file.exists() else ""
+    flags, compiler = re.search(r"^cflags = (.*)$", ninja, re.M), re.search(r"^cxx = (.*)$", ninja, re.M)
+    if not (flags and compiler):
         return
     header.parent.mkdir(parents=True, exist_ok=True)
     with open(header.parent / "lock", "w") as lock:
@@ -385,15 +386,15 @@ def _make_precompiled_header(ninja_file: Path, header: Path) -> None:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return
-        if header.with_suffix(".h.gch").exists():
+        if pch.exists():
             return
         header.write_text("#include <torch/extension.h>\n")
-        partial = header.with_suffix(".h.gch.partial")
+        partial = pch.with_suffix(".gch.partial")
         own_flags = re.sub(r"-DTORCH_EXTENSION_NAME=\S+", "", flags.group(1))
         command = shlex.split(compiler.group(1)) + shlex.split(own_flags) + \
             ["-x", "c++-header", str(header), "-o", str(partial)]
         if subprocess.run(command, capture_output=True).returncode == 0:
-            partial.rename(header.with_suffix(".h.gch"))
+            partial.rename(pch)
 
 
 def _import_file(path: str, name: str):
@@ -1059,9 +1060,9 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
                        "min_own_kernel_share": cfg.min_own_kernel_share, "poison_bytes": cfg.poison_bytes,
                        "defences": cfg.defences,
                        "kernel_names": kernel_names(Path(candidate).read_text())}
-            run_started = time.perf_counter()
             child = spare if spare[0].is_alive() else start_child("run", env, next(logs), device)
             spare = start_child("run", env, next(logs), device)
+            run_started = time.perf_counter()
             outcome = finish_child(child, payload, cfg.run_timeout_s)
             result = build_feedback(outcome, build_root=build_root, candidate_path=candidate,
                                     timeout_s=cfg.run_timeout_s)
