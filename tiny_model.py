@@ -96,8 +96,9 @@ def is_built(path: Path) -> bool:
     return (path / "config.json").exists() and (path / "tokenizer.json").exists()
 
 
-def write_model(path: Path, tokenizer, shape: dict, dtype: str) -> None:
-    """A Qwen2 model of this shape with seeded random weights, saved with `tokenizer` at `path`."""
+def random_qwen2(tokenizer, shape: dict, seed: int = SEED, dtype: str = "float32"):
+    """A Qwen2 model of this shape with seeded random weights, its special tokens and generation config
+    those of `tokenizer`."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -111,15 +112,21 @@ def write_model(path: Path, tokenizer, shape: dict, dtype: str) -> None:
         pad_token_id=pad,
         torch_dtype=dtype,
     )
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=pad)
+    return model
+
+
+def write_model(path: Path, tokenizer, shape: dict, dtype: str) -> None:
+    """A Qwen2 model of this shape with seeded random weights, saved with `tokenizer` at `path`."""
+    model = random_qwen2(tokenizer, shape, dtype=dtype)
     # Build in a sibling folder and rename, so a reader never sees a half-written model.
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp"))
     staging.chmod(0o755)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=pad).save_pretrained(staging)
     try:
         staging.rename(path)
     except OSError:  # another process finished first; its model is as good as ours

@@ -144,20 +144,15 @@ def sft_examples(task_source: str, variants: list[dict], turns: int, paths: int,
 # ---------------------------------------------------------------- the model
 def fresh_model(layers: int, hidden: int, seed: int):
     """A seeded random Qwen2 of the given size on the tiny model's tokenizer (head size 64, MLP 2 x hidden)."""
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer
 
-    from tiny_model import build_tiny_model
+    from tiny_model import build_tiny_model, random_qwen2
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(), padding_side="left")
-    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-                         num_key_value_heads=max(1, hidden // 64), max_position_embeddings=32768,
-                         tie_word_embeddings=True, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=pad)
-    return model, tokenizer
+    heads = max(1, hidden // 64)
+    shape = {"vocab_size": len(tokenizer), "hidden_size": hidden, "intermediate_size": 2 * hidden,
+             "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads}
+    return random_qwen2(tokenizer, shape, seed), tokenizer
 
 
 def learning_rate(step: int, total: int, peak: float, warmup: int) -> float:
