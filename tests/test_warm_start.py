@@ -88,7 +88,7 @@ def test_a_short_fine_tune_makes_the_greedy_reply_a_library_kernel(tmp_path):
     library.mkdir(parents=True)
     shutil.copy(LIBRARIES["cpu"] / "level1" / "7_ReLU.correct_vectorised.py", library)
     ws.main(["--device", "cpu", "--library", str(library.parent), "--turns", "1", "--layers", "1", "--hidden", "256",
-             "--epochs", "100", "--batch-size", "1", "--lr", "6e-3", "--check-samples", "0",
+             "--epochs", "100", "--batch-size", "1", "--lr", "3e-3", "--check-samples", "0",
              "--out", str(tmp_path / "model")])
     report = json.loads((tmp_path / "model" / "warm_start.json").read_text())
     assert report["greedy_is_library"] == {"level1/7_ReLU turn 1": True}
