@@ -18,15 +18,16 @@ a constant length normaliser (Dr. GRPO), rewards 0.3 * correct + speedup, gamma 
 advantages normalised over all of a task's turn-samples.
 
 Run:
-  python train.py                                   # tiny model; paper sizes on a GPU, a small demo on a CPU
+  python train.py                                   # the tiny model: a demo of minutes, on the GPU if there is one
   accelerate launch --config_file configs/ddp.yaml train.py --model Qwen/Qwen2.5-7B-Instruct
   accelerate launch --config_file configs/ddp.yaml --num_processes 2 train.py    # also on a CPU (gloo)
   python train.py --rollouts rewarded.jsonl          # offline: update from trajectories written before
   python train.py --resume                           # go on from the last checkpoint in --output-dir
 
-Without a GPU the defaults shrink to a demo that finishes in minutes: the two CPU-sized tasks in
-tests/tasks, 2 tasks x 2 trajectories x 2 turns, 128-token replies, 3 steps, C++ candidates evaluated on
-the CPU. Output: one JSON line of metrics per step (--log), checkpoints in --output-dir/checkpoints,
+The paper's sizes are the defaults for a real model on a GPU. For the tiny model, or without a GPU, they
+shrink to a demo that finishes in minutes: 2 tasks x 2 trajectories x 2 turns, 128-token replies, 3
+steps; with a GPU on the train split of tasks/ (CUDA kernels), without one on the two CPU-sized tasks in
+tests/tasks (C++ candidates evaluated on the CPU). Output: one JSON line of metrics per step (--log), checkpoints in --output-dir/checkpoints,
 the final model in --output-dir/final, and a table of the reward curve at the end.
 
 Simplifications, said out loud:
@@ -62,10 +63,12 @@ from evaluate import EvalConfig
 from generate import HFBackend, VLLMBackend, load_tasks, run_turn
 
 REPO = Path(__file__).resolve().parent
-GPU_DEFAULTS = {"tasks": "train", "tasks_per_step": 8, "n_trajectories": 16, "turns": 4, "max_tokens": 16384,
-                "steps": 40, "eval_device": "cuda", "bf16": True}
-CPU_DEFAULTS = {"tasks": str(REPO / "tests" / "tasks"), "tasks_per_step": 2, "n_trajectories": 2, "turns": 2,
-                "max_tokens": 128, "steps": 3, "eval_device": "cpu", "bf16": False}
+# Sizes: the paper's for a real model on a GPU; a demo of minutes for the tiny model or on a CPU.
+PAPER_SIZES = {"tasks_per_step": 8, "n_trajectories": 16, "turns": 4, "max_tokens": 16384, "steps": 40}
+DEMO_SIZES = {"tasks_per_step": 2, "n_trajectories": 2, "turns": 2, "max_tokens": 128, "steps": 3}
+# Place: CUDA kernels on the shipped tasks with a GPU; C++ kernels on the two CPU-sized test tasks without.
+GPU_PLACE = {"tasks": "train", "eval_device": "cuda", "bf16": True}
+CPU_PLACE = {"tasks": str(REPO / "tests" / "tasks"), "eval_device": "cpu", "bf16": False}
 
 
 # ---------------------------------------------------------------- the loss: small pure functions
@@ -380,12 +383,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward to save memory")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 mixed precision, fp32 master weights (default: on with a GPU, off without)")
-    # tasks and rollouts (defaults: the paper's with a GPU, a small demo without)
+    # tasks and rollouts (defaults: the paper's for a real model on a GPU, a small demo otherwise)
     p.add_argument("--tasks", default=None,
                    help="task file, folder or split name of tasks/split.json (default: train with a GPU, tests/tasks without)")
     p.add_argument("--split", default=None, help="keep only the tasks of this split of tasks/split.json")
     p.add_argument("--tasks-per-step", type=int, default=None,
-                   help="tasks per step, split evenly over the processes (default: 8 with a GPU, 2 without)")
+                   help="tasks per step, split evenly over the processes (default: 8 for a real model on a GPU, 2 otherwise)")
     p.add_argument("--n-trajectories", type=int, default=None, help="parallel trajectories per task (default: 16 / 2)")
     p.add_argument("--turns", type=int, default=None, help="refinement turns per trajectory (default: 4 / 2)")
     p.add_argument("--temperature", type=float, default=0.9, help="sampling temperature; log-probs in the loss use it too")
@@ -432,8 +435,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also send metrics to these trackers")
     args = p.parse_args(argv)
 
-    defaults = GPU_DEFAULTS if torch.cuda.is_available() else CPU_DEFAULTS
-    for name, value in defaults.items():
+    on_gpu = torch.cuda.is_available()
+    sizes = PAPER_SIZES if on_gpu and args.model != "tiny" else DEMO_SIZES
+    for name, value in {**sizes, **(GPU_PLACE if on_gpu else CPU_PLACE)}.items():
         if getattr(args, name) is None and not (name == "steps" and args.rollouts):
             setattr(args, name, value)
     args.log = args.log or str(Path(args.output_dir) / "metrics.jsonl")

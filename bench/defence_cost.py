@@ -1,7 +1,7 @@
 """What evaluate.py's runtime defences cost: wall time per candidate with and without them, in one run.
 
 The candidates (by default the first 20 hand-written CUDA candidates in solutions/cuda that must come out
-correct or incorrect) are built once first, so that both passes below measure checking and timing only.
+correct, incorrect or runtime_error) are built once first, so that both passes below measure checking and timing only.
 Then each is evaluated with every defence on, and again with `EvalConfig(defences=False)` (no NaN
 poison, no clones, no second run, no host probes, no profiler, no fresh timing inputs, no spot checks, no
 tamper checks), on one GPU. It prints a row per candidate — seconds of its checking-and-timing child with and without, status and speedup
@@ -31,7 +31,7 @@ def main():
     kind, _ = ev.resolve_device(ev.EvalConfig(device=args.device))
     tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
     library = [r for r in ev.library_records(ev.ROOT / "solutions" / kind)
-               if ".correct_" in r["solution"] or ".incorrect_" in r["solution"]]
+               if any(f".{status}_" in r["solution"] for status in ("correct", "incorrect", "runtime_error"))]
     records = library[:args.count]
     config = dict(device=kind, tasks=tasks, gpus=[args.gpu] if kind == "cuda" else None)
     print(f"{len(records)} candidates; building them first (a quick pass: the builds are cached for both)",

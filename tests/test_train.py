@@ -366,8 +366,10 @@ def test_paper_defaults_and_the_gpu_sizes():
     assert (args.eps_low, args.eps_high, args.beta, args.lr, args.warmup_ratio) == (0.2, 0.28, 0.0, 2e-6, 0.03)
     assert (args.max_grad_norm, args.updates_per_batch, args.temperature, args.gamma) == (0.05, 2, 0.9, 0.4)
     assert (args.correct_weight, args.speedup_weight, args.return_mode, args.group_by) == (0.3, 1.0, "sum", "task")
-    gpu = train.GPU_DEFAULTS  # 8 tasks x 16 trajectories x 4 turns = 512 samples a step
-    assert (gpu["tasks_per_step"], gpu["n_trajectories"], gpu["turns"], gpu["max_tokens"]) == (8, 16, 4, 16384)
+    paper = train.PAPER_SIZES  # 8 tasks x 16 trajectories x 4 turns = 512 samples a step
+    assert (paper["tasks_per_step"], paper["n_trajectories"], paper["turns"], paper["max_tokens"]) == (8, 16, 4, 16384)
+    # The tiny model gets the demo's sizes wherever it runs (minutes, not the paper's hours).
+    assert (args.tasks_per_step, args.n_trajectories, args.turns, args.steps) == (2, 2, 2, 3)
 
 
 @pytest.mark.parametrize("argv, message", [
