@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import hashlib
 import inspect
 import itertools
@@ -94,6 +95,9 @@ class EvalConfig:
     """seed set before get_init_inputs and before building each model (KernelBench's convention)"""
     compile_workers: int = len(os.sched_getaffinity(0))
     """candidates built at once"""
+    spare_children: int = 3
+    """checking children started ahead on each GPU: each sets itself up (CUDA context, torch._dynamo: seconds)
+    while the candidates before it run (about a second each once built)"""
     compile_timeout_s: float = 900.0
     """wall-clock limit for building one candidate"""
     run_timeout_s: float = 180.0
@@ -288,6 +292,24 @@ _HEAVY_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[
 # types) come out the same under either header, so the source is not built a second time for them.
 _MISSING_NAME = re.compile(r"undefined|no member|not a member|class or namespace|incomplete type|no instance|"
                            r"no suitable|not a template|not declared|no matching|cannot open|identifier", re.I)
+# A CUDA file is first compiled against this in place of torch/types.h (which load_inline puts at the top of
+# every CUDA file): the tensor class, the dispatch macros and the usual factories and ops, with torch::
+# naming at:: as in torch/types.h. nvcc parses it in about half the time of torch/types.h and a quarter of
+# torch/extension.h; the autograd and library headers, all of ATen's ~2,500 ops and pybind11 are left out.
+_LIGHT_OPS = ("empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
+              "full_like", "arange", "rand", "randn", "cat", "stack", "matmul", "mm", "bmm", "addmm", "sum",
+              "mean", "amax", "max", "exp", "softmax", "relu", "tanh", "sigmoid")
+_LIGHT_TYPES_H = "".join(
+    ["// evaluate.py's light stand-in for torch/types.h in a CUDA file's first build attempt\n#pragma once\n",
+     "#include <ATen/core/Tensor.h>\n#include <ATen/Dispatch.h>\n"]
+    + [f"#include <ATen/ops/{op}.h>\n" for op in _LIGHT_OPS]
+    + ["namespace torch {\nusing namespace at;\nusing Dtype = at::ScalarType;\n"]
+    + [f"constexpr auto k{alias} = at::k{name};\n" for alias, name in (
+        ("UInt8", "Byte"), ("Int8", "Char"), ("Int16", "Short"), ("Int32", "Int"), ("Int64", "Long"),
+        ("UInt16", "UInt16"), ("UInt32", "UInt32"), ("UInt64", "UInt64"), ("Float16", "Half"), ("Float32", "Float"),
+        ("Float64", "Double"), ("U8", "Byte"), ("U16", "UInt16"), ("U32", "UInt32"), ("U64", "UInt64"), ("I8", "Char"),
+        ("I16", "Short"), ("I32", "Int"), ("I64", "Long"), ("F16", "Half"), ("F32", "Float"), ("F64", "Double"))]
+    + ["}  // namespace torch\n"])
 
 
 def _content_addressed_load_inline(build_root: str, make_pch: bool):
@@ -319,9 +341,11 @@ def _content_addressed_load_inline(build_root: str, make_pch: bool):
 def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, make_pch: bool):
     """load_inline with two shortcuts past torch's headers, which are >95% of a build; each falls back
     to the build as written where it does not apply, so no source that builds is refused:
-      - the CUDA file gets torch/types.h instead of torch/extension.h (half of nvcc's time; the Python
+      - the CUDA file is compiled against a light torch/types.h (`_LIGHT_TYPES_H`, found first on nvcc's
+        include path), torch/extension.h included by the source becoming torch/types.h too (the Python
         bindings are compiled in main.cpp anyway); if that fails for a missing name, the source as written
-        is built (any other error is the same under both headers);
+        is built (any other error is the same under both headers). A source that mentions requires_grad
+        is built as written: torch::'s factories honour it, at::'s refuse it;
       - main.cpp, which load_inline starts with torch/extension.h, is compiled against a precompiled
         header of it, made once per set of compiler flags from the first such build's own flags (gcc
         ignores a header whose flags do not match, and parses the text instead).
@@ -334,25 +358,30 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
                       arguments.get("with_cuda"), os.environ.get("CXX"), cpp_ext.__file__])
     header = pch_root / hashlib.sha256(flags_key.encode()).hexdigest()[:16] / "torch_extension.h"
     pch = header.with_suffix(".h.gch")  # where gcc looks for the precompiled `-include header`
+    light = pch_root.parent / "light" / hashlib.sha256(_LIGHT_TYPES_H.encode()).hexdigest()[:16]
     record = folder / "shortcuts.json"
     if record.exists():
         shortcuts = json.loads(record.read_text())
     else:
         usable = pch.exists() and not re.search(r"\s", str(header))
-        shortcuts = {"light_cuda": any(_HEAVY_INCLUDE.search(s) for s in cuda), "pch": usable}
+        shortcuts = {"light_cuda": bool(cuda) and not any("requires_grad" in s for s in cuda)
+                     and not re.search(r"\s", str(light)), "pch": usable}
         record.write_text(json.dumps(shortcuts))
+    if shortcuts["light_cuda"]:
+        _write_light_header(light)
 
-    def build(light: bool):
+    def build():
         kwargs = dict(arguments)
-        if light:
+        if shortcuts["light_cuda"]:
             kwargs["cuda_sources"] = [_HEAVY_INCLUDE.sub("#include <torch/types.h>", s) for s in cuda]
+            kwargs["extra_cuda_cflags"] = [f"-I{light}"] + list(arguments.get("extra_cuda_cflags") or [])
         if shortcuts["pch"] and pch.exists():
             kwargs["extra_cflags"] = list(arguments.get("extra_cflags") or []) + ["-include", str(header)]
         return original(**kwargs)
 
     try:
         try:
-            return build(shortcuts["light_cuda"])
+            return build()
         except Exception as e:  # noqa: BLE001 - maybe the lighter header: build the source as written
             errors = [line for line in str(e).splitlines() if "error" in line]
             if not shortcuts["light_cuda"] or not any(_MISSING_NAME.search(line) for line in errors):
@@ -364,10 +393,20 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
             versioner = getattr(cpp_ext, "JIT_EXTENSION_VERSIONER", None)
             if versioner is not None:
                 versioner.entries.pop(arguments["name"], None)
-            return build(False)
+            return build()
     finally:
         if make_pch and not pch.exists():
             _make_precompiled_header(folder / "build.ninja", header, pch)
+
+
+def _write_light_header(folder: Path) -> None:
+    """`_LIGHT_TYPES_H` as folder/torch/types.h, written once (atomically: other builds may be reading it)."""
+    target = folder / "torch" / "types.h"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"types.h.{os.getpid()}")
+        partial.write_text(_LIGHT_TYPES_H)
+        partial.rename(target)
 
 
 def _make_precompiled_header(ninja_file: Path, header: Path, pch: Path) -> None:
@@ -425,6 +464,7 @@ def _child_entry(conn, job: str, env: dict, log_path: str, device: str | None):
         failed = None
     except BaseException as e:  # noqa: BLE001 - reported as the result of the job it was waiting for
         failed = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    ready_at = time.time()
     payload = conn.recv()
     try:
         result = failed or (_build(payload) if job == "build" else _run(payload))
@@ -432,6 +472,7 @@ def _child_entry(conn, job: str, env: dict, log_path: str, device: str | None):
         result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     result["cpu_s"] = sum(u.ru_utime + u.ru_stime for u in usage)  # compilers included: where the cores go
+    result["ready_at"] = ready_at
     sys.stdout.flush()
     sys.stderr.flush()
     conn.send(result)
@@ -1050,7 +1091,8 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
 
     def device_worker(device: str):
         logs = (str(Path(workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())
-        spare = start_child("run", env, next(logs), device)  # each candidate gets a fresh child, set up ahead
+        # each candidate gets a fresh child, set up ahead; the oldest spare has had the longest to get ready
+        spares = collections.deque(start_child("run", env, next(logs), device) for _ in range(max(1, cfg.spare_children)))
         while (item := ready.get()) is not None:
             (task_path, candidate, indices), started, build_s, build_cpu_s = item
             payload = {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
@@ -1060,17 +1102,21 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
                        "min_own_kernel_share": cfg.min_own_kernel_share, "poison_bytes": cfg.poison_bytes,
                        "defences": cfg.defences,
                        "kernel_names": kernel_names(Path(candidate).read_text())}
-            child = spare if spare[0].is_alive() else start_child("run", env, next(logs), device)
-            spare = start_child("run", env, next(logs), device)
-            run_started = time.perf_counter()
+            child = spares.popleft()
+            if not child[0].is_alive():
+                child = start_child("run", env, next(logs), device)
+            spares.append(start_child("run", env, next(logs), device))
+            run_started, sent_at = time.perf_counter(), time.time()
             outcome = finish_child(child, payload, cfg.run_timeout_s)
             result = build_feedback(outcome, build_root=build_root, candidate_path=candidate,
                                     timeout_s=cfg.run_timeout_s)
+            waited = max(0.0, outcome.get("ready_at", sent_at) - sent_at)  # the child was still setting up
             result["time_s"] = {"compile": round(build_s, 3), "run": round(time.perf_counter() - run_started, 3),
-                                **{k: round(v, 3) for k, v in result["time_s"].items()}}
+                                "wait": round(waited, 3), **{k: round(v, 3) for k, v in result["time_s"].items()}}
             result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(outcome.get("cpu_s", 0.0), 3)}
             finish(indices, result, started)
-        stop_child(spare)
+        for spare in spares:
+            stop_child(spare)
 
     workers = [threading.Thread(target=device_worker, args=(d,), daemon=True) for d in devices]
     for w in workers:

@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -302,6 +304,32 @@ def test_main_cpp_is_compiled_against_a_precompiled_header_made_by_the_first_bui
     assert check.returncode == 0 and "not used" not in check.stderr, check.stderr
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (no GPU needed: -c only)")
+def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name(tmp_path):
+    """nvcc compiles a hand-written kernel's CUDA file, as load_inline writes it, against the light
+    torch/types.h; one that names pybind11 fails there with an error that sends the build back to the
+    source as written. Real nvcc and torch headers; objects only, so no GPU and no CUDA build of torch."""
+    import torch.utils.cpp_extension as cpp_ext
+
+    light = tmp_path / "light"
+    ev._write_light_header(light)
+    system = [*cpp_ext.include_paths(), sysconfig.get_paths()["include"]]
+    flags = [f"-I{light}", *(f for path in system for f in ("-isystem", path)), *cpp_ext.COMMON_NVCC_FLAGS, "-std=c++17", "-c"]
+    errors = {}
+    for stem in ("7_ReLU.correct_vec4", "7_ReLU.correct_needs_extension_h"):
+        code = (ROOT / "solutions" / "cuda" / "level1" / f"{stem}.py").read_text()
+        source = re.search(r'cuda_source = r"""(.*?)"""', code, re.S).group(1)
+        cu = tmp_path / f"{stem}.cu"  # load_inline's first lines, then the source with the include the evaluator swaps
+        cu.write_text("#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+                      + ev._HEAVY_INCLUDE.sub("#include <torch/types.h>", source))
+        done = subprocess.run(["nvcc", *flags, str(cu), "-o", str(cu.with_suffix(".o"))], capture_output=True, text=True)
+        errors[stem] = [line for line in (done.stdout + done.stderr).splitlines() if "error" in line]
+        assert done.returncode == 0 or errors[stem], done.stdout + done.stderr
+    assert errors["7_ReLU.correct_vec4"] == [] and (tmp_path / "7_ReLU.correct_vec4.o").exists()
+    assert errors["7_ReLU.correct_needs_extension_h"]
+    assert any(ev._MISSING_NAME.search(line) for line in errors["7_ReLU.correct_needs_extension_h"]), errors
+
+
 # --------------------------------------------------------------------------------------------------- GPU
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -383,3 +411,5 @@ def test_a_cuda_file_that_needs_torch_extension_h_is_built_with_it(cuda_results)
     folder = next(f.parent for f in (ROOT / ".cache" / "builds").glob("*/cuda.cu") if "pybind11::handle" in f.read_text())
     assert "#include <torch/extension.h>" in (folder / "cuda.cu").read_text()
     assert json.loads((folder / "shortcuts.json").read_text())["light_cuda"] is False
+    plain = next(f.parent for f in (ROOT / ".cache" / "builds").glob("*/cuda.cu") if "relu_vec4" in f.read_text())
+    assert json.loads((plain / "shortcuts.json").read_text())["light_cuda"] is True  # built against the light header
