@@ -520,11 +520,11 @@ def finish_child(started: tuple, payload: dict, timeout_s: float) -> dict:
         result = None
     finally:
         conn.close()
-        child.join(timeout=5 if result is not None else 0.5)
-        if child.is_alive() or result is None:
-            stop_child(started)
-    if result is not None:
+    if result is not None:  # done: its exit (seconds, with a CUDA context) is not waited for
+        threading.Thread(target=stop_child, args=(started,), daemon=True).start()
         return result
+    child.join(timeout=0.5)  # dying: its exit code says how
+    stop_child(started)
     if timed_out:
         return {"timeout": True}
     return {"crash": _describe_exit(child.exitcode), "log": _tail(log_path)}

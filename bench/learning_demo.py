@@ -18,7 +18,8 @@ Start = the mean over the first --window steps (the first step's rollouts come f
 policy itself), end = the mean over the last --window steps. The GRPO learning rate is far above the
 paper's 2e-6: the policy is a few million parameters and has a few steps; much higher and the updates
 blur the memorised kernels (entropy and new kernels rise). Runs go at once, up to --parallel, each on
-one GPU (round robin over the visible ones); a run whose metrics file is complete is not run again.
+one GPU (round robin over the visible ones); a run whose metrics file is complete is not run again, and
+one that was cut short goes on from its last checkpoint (every 2 steps).
 Output in --out-dir: warm_start/ (the model), runs/<multi|single>_seed<k>/ (train.py's metrics, log,
 model), learning_demo.json (every number, and how many new kernels had to be compiled during GRPO)
 and learning_demo.png (score per step, score per turn).
@@ -51,8 +52,9 @@ def train_command(args, kind: str, seed: int, model: str, max_tokens: int, out: 
     return [sys.executable, str(REPO / "train.py"), "--model", model, "--tasks", args.tasks,
             "--tasks-per-step", str(args.tasks_per_step), "--n-trajectories", str(n), "--turns", str(turns),
             "--steps", str(args.steps), "--lr", str(args.lr), "--max-tokens", str(max_tokens),
-            "--eval-device", args.device, "--seed", str(seed), "--save-every", str(args.steps),
-            "--no-bf16", "--output-dir", str(out), "--log", str(out / "metrics.jsonl"), *shlex.split(args.train_args)]
+            "--eval-device", args.device, "--seed", str(seed), "--save-every", "2", "--no-bf16",
+            "--output-dir", str(out), "--log", str(out / "metrics.jsonl"), *shlex.split(args.train_args),
+            *(["--resume"] if any((out / "checkpoints").glob("step_*")) else [])]
 
 
 def read_metrics(path: Path) -> list[dict]:
