@@ -291,17 +291,22 @@ _HEAVY_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[
 # What a compiler says when a declaration is missing, as a lighter header could cause; other errors (syntax,
 # types) come out the same under either header, so the source is not built a second time for them.
 _MISSING_NAME = re.compile(r"undefined|no member|not a member|class or namespace|incomplete type|no instance|"
-                           r"no suitable|not a template|not declared|no matching|cannot open|identifier", re.I)
+                           r"no suitable|not a template|not declared|no matching|cannot open|identifier|"
+                           r"no operator|no storage class", re.I)
 # A CUDA file is first compiled against this in place of torch/types.h (which load_inline puts at the top of
 # every CUDA file): the tensor class, the dispatch macros and the usual factories and ops, with torch::
 # naming at:: as in torch/types.h. nvcc parses it in about half the time of torch/types.h and a quarter of
 # torch/extension.h; the autograd and library headers, all of ATen's ~2,500 ops and pybind11 are left out.
+# A source that names what the light header lacks in a way that may not fail as a missing name (a macro
+# such as TORCH_LIBRARY or PYBIND11_MODULE, or requires_grad, which torch::'s factories honour and at::'s
+# refuse at run time) is built as written.
+_BEYOND_LIGHT = re.compile(r"PYBIND11|pybind11|\bpy::|TORCH_LIBRARY|requires_grad")
 _LIGHT_OPS = ("empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
               "full_like", "arange", "rand", "randn", "cat", "stack", "matmul", "mm", "bmm", "addmm", "sum",
               "mean", "amax", "max", "exp", "softmax", "relu", "tanh", "sigmoid")
 _LIGHT_TYPES_H = "".join(
     ["// evaluate.py's light stand-in for torch/types.h in a CUDA file's first build attempt\n#pragma once\n",
-     "#include <ATen/core/Tensor.h>\n#include <ATen/Dispatch.h>\n"]
+     "#include <ATen/core/Tensor.h>\n#include <ATen/Dispatch.h>\n#include <ATen/TensorOperators.h>\n"]
     + [f"#include <ATen/ops/{op}.h>\n" for op in _LIGHT_OPS]
     + ["namespace torch {\nusing namespace at;\nusing Dtype = at::ScalarType;\n"]
     + [f"constexpr auto k{alias} = at::k{name};\n" for alias, name in (
@@ -344,8 +349,8 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
       - the CUDA file is compiled against a light torch/types.h (`_LIGHT_TYPES_H`, found first on nvcc's
         include path), torch/extension.h included by the source becoming torch/types.h too (the Python
         bindings are compiled in main.cpp anyway); if that fails for a missing name, the source as written
-        is built (any other error is the same under both headers). A source that mentions requires_grad
-        is built as written: torch::'s factories honour it, at::'s refuse it;
+        is built (any other error is the same under both headers); one that names what the light header
+        lacks in other ways (`_BEYOND_LIGHT`) is built as written from the start;
       - main.cpp, which load_inline starts with torch/extension.h, is compiled against a precompiled
         header of it, made once per set of compiler flags from the first such build's own flags (gcc
         ignores a header whose flags do not match, and parses the text instead).
@@ -364,7 +369,7 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
         shortcuts = json.loads(record.read_text())
     else:
         usable = pch.exists() and not re.search(r"\s", str(header))
-        shortcuts = {"light_cuda": bool(cuda) and not any("requires_grad" in s for s in cuda)
+        shortcuts = {"light_cuda": bool(cuda) and not any(_BEYOND_LIGHT.search(s) for s in cuda)
                      and not re.search(r"\s", str(light)), "pch": usable}
         record.write_text(json.dumps(shortcuts))
     if shortcuts["light_cuda"]:

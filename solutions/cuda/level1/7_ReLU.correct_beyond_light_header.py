@@ -1,5 +1,5 @@
-"""ReLU whose CUDA file names pybind11 (a compile-time check), so it needs torch/extension.h there: the
-evaluator's lighter header does not declare pybind11, and it must fall back to the source as written."""
+"""ReLU whose CUDA file names torch's autograd (a compile-time check), which the evaluator's light header
+does not declare: the first build fails for a missing name, and it must fall back to the source as written."""
 import torch
 from torch.utils.cpp_extension import load_inline
 
@@ -11,7 +11,7 @@ __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, 
         y[i] = fmaxf(x[i], 0.f);
 }
 
-static_assert(sizeof(pybind11::handle) == sizeof(void*), "a pybind11 handle is one pointer");
+static_assert(sizeof(torch::autograd::Variable) == sizeof(at::Tensor), "a Variable is a Tensor");
 
 torch::Tensor relu(torch::Tensor x) {
     TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.scalar_type() == torch::kFloat32, "expected contiguous fp32 CUDA");
@@ -22,7 +22,7 @@ torch::Tensor relu(torch::Tensor x) {
 }
 """
 cpp_source = "torch::Tensor relu(torch::Tensor x);"
-relu_ext = load_inline(name="relu_needs_extension_h", cpp_sources=cpp_source, cuda_sources=cuda_source,
+relu_ext = load_inline(name="relu_beyond_light_header", cpp_sources=cpp_source, cuda_sources=cuda_source,
                        functions=["relu"], extra_cuda_cflags=["-O3"])
 
 
