@@ -836,8 +836,10 @@ def _run(payload: dict) -> dict:
 
     share = None
     if profiling:
+        start = time.perf_counter()
         with torch.no_grad():
             measured = _own_kernel_share(model, fresh(timing_inputs[0]), payload["kernel_names"])
+        times["profile"] = time.perf_counter() - start
         if measured is None and reference_seen is not None:
             return rejected("[own-kernels-idle] no GPU kernel ran during the candidate's forward")
         if measured is not None:

@@ -149,7 +149,7 @@ def run_evaluator(records: list[dict], cfg: ev.EvalConfig) -> dict:
     return {"wall_s": wall, "results": results, "build_s": [e["time_s"]["compile"] for e in built],
             "cpu_s_per_kernel": {phase: s / len(records) for phase, s in cpu.items()},
             "run_s_per_kernel": {p: sum(e["time_s"].get(p, 0) for e in distinct) / len(records)
-                                 for p in ("run", "wait", "load", "correctness", "timing")},
+                                 for p in ("run", "wait", "load", "correctness", "profile", "timing")},
             "gpu_busy_share": sum(e["time_s"].get("run", 0) - e["time_s"].get("wait", 0) for e in distinct)
                               / wall / len(ev.resolve_device(cfg)[1])}
 
