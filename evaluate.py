@@ -384,6 +384,10 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
             kwargs["extra_cflags"] = list(arguments.get("extra_cflags") or []) + ["-include", str(header)]
         return original(**kwargs)
 
+    build_done, maker = threading.Event(), None
+    if make_pch and not pch.exists():
+        maker = threading.Thread(target=_make_precompiled_header, args=(folder / "build.ninja", header, pch, build_done))
+        maker.start()
     try:
         try:
             return build()
@@ -400,8 +404,9 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
                 versioner.entries.pop(arguments["name"], None)
             return build()
     finally:
-        if make_pch and not pch.exists():
-            _make_precompiled_header(folder / "build.ninja", header, pch)
+        build_done.set()
+        if maker is not None:
+            maker.join()
 
 
 def _write_light_header(folder: Path) -> None:
@@ -414,14 +419,20 @@ def _write_light_header(folder: Path) -> None:
         partial.rename(target)
 
 
-def _make_precompiled_header(ninja_file: Path, header: Path, pch: Path) -> None:
-    """Precompile torch/extension.h with the flags ninja used for this build's main.cpp, once: the first
-    process to take the lock does it, the others go on without. The extension's name is left out: gcc
-    refuses a header made under another value of a macro, and torch's headers never read this one."""
+def _make_precompiled_header(ninja_file: Path, header: Path, pch: Path, build_done: threading.Event) -> None:
+    """Precompile torch/extension.h with the flags ninja uses for this build's main.cpp, beside the build, as
+    soon as load_inline has written its build.ninja; once: the first process to take the lock does it, the
+    others go on without. The extension's name is left out: gcc refuses a header made under another value
+    of a macro, and torch's headers never read this one."""
     import fcntl
 
-    ninja = ninja_file.read_text() if ninja_file.exists() else ""
-    flags, compiler = re.search(r"^cflags = (.*)$", ninja, re.M), re.search(r"^cxx = (.*)$", ninja, re.M)
+    while True:
+        done = build_done.is_set()  # read before the file: a build that is done has written all it will
+        ninja = ninja_file.read_text() if ninja_file.exists() else ""
+        flags, compiler = re.search(r"^cflags = (.*)$", ninja, re.M), re.search(r"^cxx = (.*)$", ninja, re.M)
+        if (flags and compiler) or done:
+            break
+        build_done.wait(0.2)
     if not (flags and compiler):
         return
     header.parent.mkdir(parents=True, exist_ok=True)
@@ -434,7 +445,7 @@ def _make_precompiled_header(ninja_file: Path, header: Path, pch: Path) -> None:
             return
         header.write_text("#include <torch/extension.h>\n")
         partial = pch.with_suffix(".gch.partial")
-        own_flags = re.sub(r"-DTORCH_EXTENSION_NAME=\S+", "", flags.group(1))
+        own_flags = re.sub(r"-DTORCH_EXTENSION_NAME=\S+|-include \S+", "", flags.group(1))
         command = shlex.split(compiler.group(1)) + shlex.split(own_flags) + \
             ["-x", "c++-header", str(header), "-o", str(partial)]
         if subprocess.run(command, capture_output=True).returncode == 0:
