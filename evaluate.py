@@ -352,8 +352,8 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
         is built (any other error is the same under both headers); one that names what the light header
         lacks in other ways (`_BEYOND_LIGHT`) is built as written from the start;
       - main.cpp, which load_inline starts with torch/extension.h, is compiled against a precompiled
-        header of it, made once per set of compiler flags from the first such build's own flags (gcc
-        ignores a header whose flags do not match, and parses the text instead).
+        header of it, made once per set of compiler flags, beside the first such build, from its own
+        flags (gcc ignores a header whose flags do not match, and parses the text instead).
     The shortcuts taken are recorded in the build folder, so that a later load finds the same build."""
     import torch.utils.cpp_extension as cpp_ext
 
