@@ -1284,6 +1284,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=defaults.seed, help="seed before init inputs and each model")
     p.add_argument("--compile-workers", type=int, default=defaults.compile_workers,
                    help="candidates built at once")
+    p.add_argument("--spare-children", type=int, default=defaults.spare_children,
+                   help="checking children started ahead on each GPU (each holds a CUDA context while it waits)")
     p.add_argument("--compile-timeout-s", type=float, default=defaults.compile_timeout_s,
                    help="limit for building one candidate")
     p.add_argument("--run-timeout-s", type=float, default=defaults.run_timeout_s,
@@ -1307,7 +1309,8 @@ def main(argv=None):
                      timing_budget_s=args.timing_budget_s, warmup=args.warmup,
                      compile_baseline=args.compile_baseline, min_own_kernel_share=args.min_own_kernel_share,
                      seed=args.seed,
-                     compile_workers=args.compile_workers, compile_timeout_s=args.compile_timeout_s,
+                     compile_workers=args.compile_workers, spare_children=args.spare_children,
+                     compile_timeout_s=args.compile_timeout_s,
                      run_timeout_s=args.run_timeout_s, build_dir=args.build_dir, progress=not args.no_progress)
     source = args.input
     if source is None:
