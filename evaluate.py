@@ -466,6 +466,8 @@ def _child_entry(conn, job: str, env: dict, log_path: str, device: str | None):
     """Runs in the child: own process group, output to a log; sets up, waits for its one payload, and sends
     the result (a dict) back through `conn`."""
     os.setpgrp()
+    if job == "build":  # compilers yield the cores to a checking child timing a kernel beside them
+        os.nice(10)
     import resource
 
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # a print loop cannot fill the disk
