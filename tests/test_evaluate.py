@@ -185,7 +185,8 @@ def test_a_correct_candidate_is_timed_against_the_reference(cpu_results):
             assert e["runtime_ms"] > 0 and e["ref_runtime_ms"] > 0
             assert e["speedup"] == pytest.approx(e["ref_runtime_ms"] / e["runtime_ms"])
             assert e["max_abs_diff"] <= 1e-2 and "speedup" in e["feedback"]
-            assert set(e["time_s"]) >= {"compile", "load", "correctness", "timing", "total"}
+            assert set(e["time_s"]) >= {"compile", "run", "wait", "load", "correctness", "timing", "total"}
+            assert 0 <= e["time_s"]["wait"] <= e["time_s"]["run"]  # waiting for its child is part of its run
 
 
 def test_compile_errors_carry_the_compilers_own_message_without_build_paths(cpu_results):
