@@ -96,8 +96,8 @@ class EvalConfig:
     compile_workers: int = len(os.sched_getaffinity(0))
     """candidates built at once"""
     spare_children: int = 3
-    """checking children started ahead on each GPU: each sets itself up (CUDA context, torch._dynamo: seconds)
-    while the candidates before it run (about a second each once built)"""
+    """checking children started ahead on each GPU, no more than there are candidates left: each sets itself up
+    (CUDA context, torch._dynamo: seconds) while the candidates before it run (about a second each once built)"""
     compile_timeout_s: float = 900.0
     """wall-clock limit for building one candidate"""
     run_timeout_s: float = 180.0
@@ -538,8 +538,8 @@ def finish_child(started: tuple, payload: dict, timeout_s: float) -> dict:
         result = None
     finally:
         conn.close()
-    if result is not None:  # done: its exit (seconds, with a CUDA context) is not waited for
-        threading.Thread(target=stop_child, args=(started,), daemon=True).start()
+    if result is not None:
+        stop_child_later(started)
         return result
     child.join(timeout=0.5)  # dying: its exit code says how
     stop_child(started)
@@ -556,6 +556,12 @@ def stop_child(started: tuple) -> None:
     except (ProcessLookupError, PermissionError):
         child.kill()  # not (yet) the leader of its own process group
     child.join()
+
+
+def stop_child_later(started: tuple) -> None:
+    """stop_child in the background: the exit of a child that is done or not needed (seconds, with a CUDA
+    context) is not waited for on the caller's path."""
+    threading.Thread(target=stop_child, args=(started,), daemon=True).start()
 
 
 def run_in_child(job: str, payload: dict, env: dict, timeout_s: float, log_path: str) -> dict:
@@ -1087,12 +1093,21 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
         (folder / "solution.py").write_text(code)
         jobs.append((task_path, str(folder / "solution.py"), indices))
 
+    to_run, to_run_lock = [len(jobs)], threading.Lock()  # distinct candidates that may still reach a device
+
+    def fewer_to_run() -> int:
+        with to_run_lock:
+            to_run[0] -= 1
+            return to_run[0]
+
     def build(job):
         task_path, candidate, indices = job
         started = time.perf_counter()
         build_env = dict(env, CUDA_VISIBLE_DEVICES="") if "TORCH_CUDA_ARCH_LIST" in env else env
         outcome = run_in_child("build", {"candidate": candidate}, build_env, cfg.compile_timeout_s,
                                str(Path(candidate).with_name("build.log")))
+        if outcome.get("timeout") or "crash" in outcome or "error" in outcome:
+            fewer_to_run()
         if outcome.get("timeout"):
             finish(indices, make_result("timeout", f"Timeout: building took longer than "
                                         f"{cfg.compile_timeout_s:.0f} s."), started)
@@ -1111,9 +1126,12 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
 
     def device_worker(device: str):
         logs = (str(Path(workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())
-        # each candidate gets a fresh child, set up ahead; the oldest spare has had the longest to get ready
-        spares = collections.deque(start_child("run", env, next(logs), device) for _ in range(max(1, cfg.spare_children)))
+        # each candidate gets a fresh child, set up ahead (no more than there are candidates left to run);
+        # the oldest spare has had the longest to get ready
+        spares = collections.deque(start_child("run", env, next(logs), device)
+                                   for _ in range(min(cfg.spare_children, len(jobs))))
         while (item := ready.get()) is not None:
+            left = fewer_to_run()
             (task_path, candidate, indices), started, build_s, build_cpu_s = item
             payload = {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
                        "correct_trials": cfg.correct_trials, "atol": cfg.atol, "rtol": cfg.rtol,
@@ -1122,10 +1140,11 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
                        "min_own_kernel_share": cfg.min_own_kernel_share, "poison_bytes": cfg.poison_bytes,
                        "defences": cfg.defences,
                        "kernel_names": kernel_names(Path(candidate).read_text())}
-            child = spares.popleft()
-            if not child[0].is_alive():
+            child = spares.popleft() if spares else None
+            if child is None or not child[0].is_alive():
                 child = start_child("run", env, next(logs), device)
-            spares.append(start_child("run", env, next(logs), device))
+            if len(spares) < min(cfg.spare_children, left):
+                spares.append(start_child("run", env, next(logs), device))
             run_started, sent_at = time.perf_counter(), time.time()
             outcome = finish_child(child, payload, cfg.run_timeout_s)
             result = build_feedback(outcome, build_root=build_root, candidate_path=candidate,
@@ -1136,7 +1155,7 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
             result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(outcome.get("cpu_s", 0.0), 3)}
             finish(indices, result, started)
         for spare in spares:
-            stop_child(spare)
+            stop_child_later(spare)
 
     workers = [threading.Thread(target=device_worker, args=(d,), daemon=True) for d in devices]
     for w in workers:
