@@ -11,10 +11,10 @@ Pipeline, per call of `evaluate(records)`:
   2. build: every distinct candidate is imported in a child process from a pool sized to the cores;
      `load_inline` is redirected to a build folder named by the hash of its arguments, so an extension
      that appears in many candidates (a GRPO group, a later turn) is compiled once and reused; its CUDA
-     file is compiled against torch/types.h rather than torch/extension.h and its main.cpp against a
-     precompiled torch/extension.h, each with a fallback to the build as written (`_fast_load_inline`).
-  3. run: per GPU, one fresh child process per candidate, set up (CUDA context and all) while the one
-     before it runs: correctness on `--correct-trials` fresh random input sets (candidate first, then the
+     file is compiled against a light torch/types.h and its main.cpp against a precompiled
+     torch/extension.h, each with a fallback to the build as written (`_fast_load_inline`).
+  3. run: per GPU, one fresh child process per candidate, set up (CUDA context and all) while the ones
+     before it run: correctness on `--correct-trials` fresh random input sets (candidate first, then the
      reference, each on its own clone of the inputs; shape, dtype, NaN/Inf and tolerance checks), then
      candidate and reference timed alternately in the same process (warm-up, L2 flush before each trial,
      CUDA events closed after a device-wide synchronize, median).
@@ -1106,12 +1106,14 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
         build_env = dict(env, CUDA_VISIBLE_DEVICES="") if "TORCH_CUDA_ARCH_LIST" in env else env
         outcome = run_in_child("build", {"candidate": candidate}, build_env, cfg.compile_timeout_s,
                                str(Path(candidate).with_name("build.log")))
-        if outcome.get("timeout") or "crash" in outcome or "error" in outcome:
-            fewer_to_run()
+        if not (outcome.get("timeout") or "crash" in outcome or "error" in outcome):
+            ready.put((job, started, outcome["seconds"], outcome["cpu_s"]))
+            return
+        fewer_to_run()  # it will not reach a device
         if outcome.get("timeout"):
             finish(indices, make_result("timeout", f"Timeout: building took longer than "
                                         f"{cfg.compile_timeout_s:.0f} s."), started)
-        elif "crash" in outcome or "error" in outcome:
+        else:
             message = outcome.get("error") or outcome["crash"] + "\n" + outcome.get("log", "")
             if "Error building extension" in message:
                 message = "Compilation failed:\n" + trim_compiler_output(message, build_root)
@@ -1121,8 +1123,6 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
             finish(indices, make_result("compile_error", message.strip(),
                                         time_s={"compile": round(time.perf_counter() - started, 3)},
                                         cpu_s={"compile": round(outcome.get("cpu_s", 0.0), 3)}), started)
-        else:
-            ready.put((job, started, outcome["seconds"], outcome["cpu_s"]))
 
     def device_worker(device: str):
         logs = (str(Path(workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())

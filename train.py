@@ -27,8 +27,9 @@ Run:
 The paper's sizes are the defaults for a real model on a GPU. For the tiny model, or without a GPU, they
 shrink to a demo that finishes in minutes: 2 tasks x 2 trajectories x 2 turns, 128-token replies, 3
 steps; with a GPU on the train split of tasks/ (CUDA kernels), without one on the two CPU-sized tasks in
-tests/tasks (C++ candidates evaluated on the CPU). Output: one JSON line of metrics per step (--log), checkpoints in --output-dir/checkpoints,
-the final model in --output-dir/final, and a table of the reward curve at the end.
+tests/tasks (C++ candidates evaluated on the CPU). Output: one JSON line of metrics per step (--log),
+checkpoints in --output-dir/checkpoints, the final model in --output-dir/final, and a table of the
+reward curve at the end.
 
 Simplifications, said out loud:
 - Old policy = sampling policy: both gradient steps of a batch take the ratio against the log-probs
@@ -566,7 +567,7 @@ def main(argv=None) -> None:
                                                      for k, v in vars(args).items()})
 
     eval_config = EvalConfig(device=args.eval_device, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
-                             compile_workers=max(1, (os.cpu_count() or 1) // state.num_processes), progress=False)
+                             compile_workers=max(1, len(os.sched_getaffinity(0)) // state.num_processes), progress=False)
     total_updates = steps * args.updates_per_batch
     history = []
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="train", unit="step",

@@ -142,6 +142,16 @@ def placement_verdict(seen: dict[str, dict[int, float]], world: int) -> tuple[bo
     return ok, text
 
 
+def placement_check(watch: GpuWatch, tag: str, world: int, numbers: dict) -> tuple[bool, str]:
+    """Where nvidia-smi saw a launch's ranks, also put in numbers["placement"]: (False only if a rank was
+    seen off its own GPU, ", r0->GPU0 ..."); (True, "") where nvidia-smi cannot be read."""
+    if not watch.available:
+        return True, ""
+    placed, where = placement_verdict(watch.placement(tag), world)
+    numbers["placement"] = where
+    return placed is not False, f", {where}"
+
+
 # ---------------------------------------------------------------- launches
 def verdict(ok: bool | None) -> str:
     return "info" if ok is None else "pass" if ok else "FAIL"
@@ -371,11 +381,8 @@ def offline_part(args, work: Path, watch: GpuWatch, world: int, gpus: int, rows:
                     numbers["sharded"] = shards[launch.tag]
                     ok = ok and numbers["sharded"]
                     text += ", sharded" if numbers["sharded"] else ", NOT sharded (FSDP fell back to DDP)"
-                if watch.available:
-                    placed, where = placement_verdict(watch.placement(launch.tag), world)
-                    numbers["placement"] = where
-                    ok = ok and placed is not False
-                    text += f", {where}"
+                placed, where = placement_check(watch, launch.tag, world, numbers)
+                ok, text = ok and placed, text + where
                 rows.add(check, ok, text)
                 report.setdefault("offline", {})[launch.tag] = {**numbers, "seconds": launch.seconds}
         if len(args.precisions) == 2:  # how far bf16 alone moves one GPU's run
@@ -420,11 +427,8 @@ def online_part(args, work: Path, watch: GpuWatch, world: int, rows: Checks, rep
             text += f", logged {logged}"
             if watch.available:
                 ok = ok and logged == [{"device": f"cuda:{r}", "eval_gpus": [r]} for r in range(world)]
-        if watch.available:
-            placed, where = placement_verdict(watch.placement(launch.tag), world)
-            numbers["placement"] = where
-            ok = ok and placed is not False
-            text += f", {where}"
+        placed, where = placement_check(watch, launch.tag, world, numbers)
+        ok, text = ok and placed, text + where
         rows.add(check, ok, text)
         report.setdefault("online", {})[launch.tag] = numbers
 
