@@ -160,7 +160,7 @@ def run_all(args, names: list[str], todo: list[str], running: dict, failed: list
             run_dir.mkdir(parents=True, exist_ok=True)
             env = dict(os.environ)
             if args.device == "cuda":
-                env["CUDA_VISIBLE_DEVICES"] = str(names.index(name) % args.gpus)
+                env["CUDA_VISIBLE_DEVICES"] = args.gpu_ids[names.index(name) % len(args.gpu_ids)]
             log = (run_dir / "train.log").open("w")
             command = train_command(args, kind, int(seed), str(model), args.max_tokens, run_dir)
             running[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO), log)
@@ -212,7 +212,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     gpus = torch.cuda.device_count()
     args.device = args.device or ("cuda" if gpus else "cpu")
-    args.gpus = gpus
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # a child's ids must name the GPUs this process sees
+    args.gpu_ids = visible.split(",")[:gpus] if visible else [str(i) for i in range(gpus)]
     args.library = args.library or str(REPO / "solutions" / "warm_start" / args.device)
     args.tasks = args.tasks or str(REPO / ("solutions/warm_start/tasks" if args.device == "cuda" else "tests/tasks"))
     args.parallel = args.parallel or (2 * args.seeds if args.device == "cuda" else 1)
