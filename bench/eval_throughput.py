@@ -35,6 +35,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from tqdm import tqdm
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate as ev  # noqa: E402
 
@@ -54,10 +56,20 @@ def cpu_seconds() -> float:
     return sum(u.ru_utime + u.ru_stime for u in usage)
 
 
+def as_in_a_fresh_process(folder: str) -> None:
+    """Point load_inline at the candidate's own folder and forget the extensions loaded before: torch renames one
+    loaded again from another folder under the same name (name_v1) and builds it anew, which a process per
+    candidate, as KernelBench uses, would not."""
+    import torch.utils.cpp_extension as cpp_ext
+
+    os.environ["TORCH_EXTENSIONS_DIR"] = folder
+    cpp_ext.JIT_EXTENSION_VERSIONER.entries.clear()
+
+
 def baseline_build(code: str, folder: str) -> tuple[float, float]:
     """Build one candidate as a plain load_inline would, in its own extensions folder: (seconds, CPU-seconds);
     seconds is -1 when it does not build."""
-    os.environ["TORCH_EXTENSIONS_DIR"] = folder
+    as_in_a_fresh_process(folder)
     path = Path(folder) / "candidate.py"
     path.write_text(code)
     start, cpu = time.perf_counter(), cpu_seconds()
@@ -90,8 +102,8 @@ def baseline_checks(cases: list[tuple[str, str]], device: str) -> list[dict]:
         return begin.elapsed_time(end)
 
     results = []
-    for task, folder in cases:
-        os.environ["TORCH_EXTENSIONS_DIR"] = folder
+    for task, folder in tqdm(cases, desc="(a) checking", unit="kernel", file=sys.stderr):
+        as_in_a_fresh_process(folder)
         try:
             module = ev._import_file(str(Path(folder) / "candidate.py"), "candidate")
             spec = ev._import_file(task, "reference_task")
@@ -125,7 +137,8 @@ def run_baseline(records: list[dict], tasks: dict, device: str, workdir: Path, c
     spawn = mp.get_context("spawn")
     start = time.perf_counter()
     with ProcessPoolExecutor(cores, mp_context=spawn) as pool:
-        builds = list(pool.map(baseline_build, [r["code"] for r in records], folders))
+        builds = list(tqdm(pool.map(baseline_build, [r["code"] for r in records], folders), total=len(records),
+                           desc="(a) building", unit="kernel", file=sys.stderr))
     built = time.perf_counter()
     cases = [(str(ev.resolve_task(r["task"], tasks)), folder)
              for r, folder, (seconds, _) in zip(records, folders, builds) if seconds >= 0]
