@@ -319,7 +319,9 @@ _LIGHT_TYPES_H = "".join(
 
 def _content_addressed_load_inline(build_root: str, make_pch: bool):
     """Wrap load_inline so that each distinct extension is built once, in a folder named by its inputs,
-    and faster than as written (see `_fast_load_inline`)."""
+    and faster than as written (see `_fast_load_inline`). Copies that differ only in the extension's name,
+    as samples of one group and a model's later turns often do, share one build under a name made from
+    the rest, unless their sources spell the name out (their own PYBIND11_MODULE, say)."""
     import torch
     import torch.utils.cpp_extension as cpp_ext
 
@@ -330,15 +332,22 @@ def _content_addressed_load_inline(build_root: str, make_pch: bool):
         bound = signature.bind(*args, **kwargs)
         if bound.arguments.get("build_directory") is not None:
             return original(*bound.args, **bound.kwargs)
-        key = repr(sorted((k, v) for k, v in bound.arguments.items() if k != "verbose"))
+        arguments = dict(bound.arguments)
+        written = "\n".join(s if isinstance(s, str) else "\n".join(s)
+                            for s in (arguments.get("cpp_sources") or [], arguments.get("cuda_sources") or []))
+        if not re.search(rf"\b{re.escape(str(arguments['name']))}\b", written):
+            del arguments["name"]
+        key = repr(sorted((k, v) for k, v in arguments.items() if k != "verbose"))
         key += torch.__version__ + os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-        folder = Path(build_root) / hashlib.sha256(key.encode()).hexdigest()[:20]
+        digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+        arguments.setdefault("name", f"ext_{digest}")
+        folder = Path(build_root) / digest
         folder.mkdir(parents=True, exist_ok=True)
         lock = folder / "lock"  # left behind by a build that was killed: older than any live build
         if lock.exists() and time.time() - lock.stat().st_mtime > float(os.environ["KEVIN_STALE_LOCK_S"]):
             lock.unlink(missing_ok=True)
-        bound.arguments["build_directory"] = str(folder)
-        return _fast_load_inline(original, bound.arguments, folder, Path(build_root) / "pch", make_pch)
+        arguments["build_directory"] = str(folder)
+        return _fast_load_inline(original, arguments, folder, Path(build_root) / "pch", make_pch)
 
     cpp_ext.load_inline = load_inline
 

@@ -286,19 +286,27 @@ def test_cli_reads_stdin(cpu_results):
     assert json.loads(result.stdout)["eval"]["status"] == "format_error"
 
 
-def test_main_cpp_is_compiled_against_a_precompiled_header_made_by_the_first_build(tmp_path):
-    """The first build leaves a precompiled torch/extension.h behind; the next candidate's main.cpp is
-    compiled against it (gcc's -Winvalid-pch stays silent on the same command) and is still correct."""
+def test_name_only_copies_share_a_build_and_main_cpp_uses_a_precompiled_header_made_by_the_first(tmp_path):
+    """The first build leaves a precompiled torch/extension.h behind. A copy that differs only in its
+    extension's name loads that build; a source that spells its name out (its own PYBIND11_MODULE) is built
+    under that name, its main.cpp compiled against the header (gcc's -Winvalid-pch stays silent on the same
+    command). All three are correct."""
     correct = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith("correct_loop"))
     renamed = {**correct, "code": correct["code"].replace('name="relu_loop"', 'name="relu_loop_again"')}
+    own_module = {**correct, "code": correct["code"].replace(
+        '}\n"""\nrelu_ext', '}\nPYBIND11_MODULE(relu_own_module, m) { m.def("relu", &relu); }\n"""\nrelu_ext').replace(
+        'name="relu_loop", cpp_sources=source, functions=["relu"]', 'name="relu_own_module", cpp_sources=source')}
+    assert "PYBIND11_MODULE" in own_module["code"] and "functions=" not in own_module["code"]
     cfg = ev.EvalConfig(**dict(CPU, build_dir=str(tmp_path)))
     first = ev.evaluate([correct], cfg)
     assert list(tmp_path.glob("pch/*/torch_extension.h.gch"))
-    second = ev.evaluate([renamed], cfg)
-    assert [first[0]["status"], second[0]["status"]] == ["correct", "correct"]
-    folder = next(f.parent for f in tmp_path.glob("*/build.ninja") if "relu_loop_again" in f.read_text())
+    later = ev.evaluate([renamed, own_module], cfg)
+    assert [e["status"] for e in first + later] == ["correct"] * 3, [e["feedback"] for e in first + later]
+    builds = {f.parent: f.read_text() for f in tmp_path.glob("*/build.ninja")}
+    assert len(builds) == 2 and not any("relu_loop" in text for text in builds.values())
+    folder = next(f for f, text in builds.items() if re.search(r"TORCH_EXTENSION_NAME=relu_own_module\s", text))
     assert json.loads((folder / "shortcuts.json").read_text())["pch"]
-    flags = re.search(r"^cflags = (.*)$", (folder / "build.ninja").read_text(), re.M).group(1)
+    flags = re.search(r"^cflags = (.*)$", builds[folder], re.M).group(1)
     assert "-include" in flags
     check = subprocess.run(["c++", *shlex.split(flags), "-Winvalid-pch", "-fsyntax-only", str(folder / "main.cpp")],
                            capture_output=True, text=True)
@@ -411,11 +419,12 @@ def test_a_cuda_file_beyond_the_light_header_is_built_as_written(cuda_results):
     e = next(e for r, e in zip(records, results) if r["solution"].endswith("correct_beyond_light_header"))
     assert e["status"] == "correct", e["feedback"]
 
-    def build_folder(extension: str) -> Path:
-        return next(f.parent for f in (ROOT / ".cache" / "builds").glob("*/build.ninja")
-                    if re.search(rf"TORCH_EXTENSION_NAME={extension}\s", f.read_text()))
+    def light_cuda(solution: str) -> list[bool]:
+        """The light-header shortcut of each build folder whose CUDA file holds the candidate's CUDA source as written."""
+        code = next(r["code"] for r in records if r["solution"].endswith(solution))
+        source = re.search(r'cuda_source = r?"""(.*?)"""', code, re.S).group(1)
+        return [json.loads((f.parent / "shortcuts.json").read_text())["light_cuda"]
+                for f in (ROOT / ".cache" / "builds").glob("*/cuda.cu") if source in f.read_text()]
 
-    folder = build_folder("relu_beyond_light_header")
-    assert "#include <torch/extension.h>" in (folder / "cuda.cu").read_text()
-    assert json.loads((folder / "shortcuts.json").read_text())["light_cuda"] is False
-    assert json.loads((build_folder("relu_vec4") / "shortcuts.json").read_text())["light_cuda"] is True
+    assert light_cuda("7_ReLU.correct_beyond_light_header") == [False]  # its source names torch/extension.h
+    assert light_cuda("7_ReLU.correct_vec4") and all(light_cuda("7_ReLU.correct_vec4"))
