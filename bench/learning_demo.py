@@ -10,14 +10,15 @@ evaluate.py for real, and the rewards, advantages and updates are train.py's own
 tasks are 1/8-size copies of three elementwise tasks (solutions/warm_start/tasks/), so that checking
 and timing a kernel takes seconds; their speedups are noisier than on the full-size tasks.
 
-    python bench/learning_demo.py --out-dir runs/learning_demo          # GPU machine: 3 seeds, 4x4 vs 16x1
-    python bench/learning_demo.py --device cpu --seeds 1 --turns 2 --n-trajectories 4 --tasks-per-step 2 \
+    python bench/learning_demo.py --out-dir runs/learning_demo          # GPU machine: 3 seeds, 2x4 vs 8x1 per task
+    python bench/learning_demo.py --device cpu --seeds 1 --turns 2 --n-trajectories 4 \
         --ws-layers 2 --ws-epochs 40 --out-dir runs/learning_demo_cpu   # C++ kernels on tests/tasks
 
-Start = the mean over the first --window steps (the first step's rollouts come from the warm-started
-policy itself), end = the mean over the last --window steps. The GRPO learning rate is far above the
-paper's 2e-6: the policy is a few million parameters and has a few steps; much higher and the updates
-blur the memorised kernels (entropy and new kernels rise). Runs go at once, up to --parallel, each on
+Every step samples every task (by default), so that steps compare: the tasks differ in how fast their
+fastest kernel is. Start = the mean over the first --window steps (the first step's rollouts come from
+the warm-started policy itself), end = the mean over the last --window steps. The GRPO learning rate
+is far above the paper's 2e-6: the policy is a few million parameters and has a few steps; much higher
+and the updates blur the memorised kernels (entropy and new kernels rise). Runs go at once, up to --parallel, each on
 one GPU (round robin over the visible ones); a run whose metrics file is complete is not run again, and
 one that was cut short goes on from its last checkpoint (every 2 steps).
 Output in --out-dir: warm_start/ (the model), runs/<multi|single>_seed<k>/ (train.py's metrics, log,
@@ -198,10 +199,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     # GRPO
     p.add_argument("--seeds", type=int, default=3, help="seeds, each with a multi-turn and a single-turn run")
     p.add_argument("--steps", type=int, default=6, help="GRPO steps per run")
-    p.add_argument("--n-trajectories", type=int, default=4, help="multi-turn: trajectories per task (single-turn: "
+    p.add_argument("--n-trajectories", type=int, default=2, help="multi-turn: trajectories per task (single-turn: "
                    "n-trajectories x turns)")
     p.add_argument("--turns", type=int, default=4, help="multi-turn: turns per trajectory")
-    p.add_argument("--tasks-per-step", type=int, default=1, help="tasks per GRPO step")
+    p.add_argument("--tasks-per-step", type=int, default=None,
+                   help="tasks per GRPO step (default: all of --tasks, so that every step's score is over the same tasks)")
     p.add_argument("--lr", type=float, default=5e-5, help="GRPO peak learning rate (paper: 2e-6, for a 32B model)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="most reply tokens (default: the warm start's longest library reply + 32)")
@@ -216,6 +218,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.gpu_ids = visible.split(",")[:gpus] if visible else [str(i) for i in range(gpus)]
     args.library = args.library or str(REPO / "solutions" / "warm_start" / args.device)
     args.tasks = args.tasks or str(REPO / ("solutions/warm_start/tasks" if args.device == "cuda" else "tests/tasks"))
+    if args.tasks_per_step is None:
+        sys.path.insert(0, str(REPO))
+        import evaluate
+
+        args.tasks_per_step = len(evaluate.load_tasks(args.tasks))
     args.parallel = args.parallel or (2 * args.seeds if args.device == "cuda" else 1)
     for flag in ("seeds", "steps", "n_trajectories", "turns", "tasks_per_step", "window", "parallel", "ws_epochs"):
         if getattr(args, flag) < 1:

@@ -67,6 +67,7 @@ def test_whole_demo_runs_train_py_twice_and_writes_its_report(tmp_path):
              "--out-dir", str(tmp_path)])
     report = json.loads((tmp_path / "learning_demo.json").read_text())
     assert set(report["runs"]) == {"multi_seed1", "single_seed1"}
+    assert report["config"]["tasks_per_step"] == 2  # every task of tests/tasks in every step, by default
     assert len(report["runs"]["multi_seed1"]["turn_end"]) == 2 and len(report["runs"]["single_seed1"]["turn_end"]) == 1
     assert report["runs"]["multi_seed1"]["score_end"] == 0.0
     assert (tmp_path / "learning_demo.png").exists()
