@@ -18,9 +18,9 @@ Every step samples every task (by default), so that steps compare: the tasks dif
 fastest kernel is. Start = the mean over the first --window steps (the first step's rollouts come from
 the warm-started policy itself), end = the mean over the last --window steps. The GRPO learning rate
 is far above the paper's 2e-6: the policy is a few million parameters and has a few steps; much higher
-and the updates blur the memorised kernels (entropy and new kernels rise). Runs go at once, up to --parallel, each on
-one GPU (round robin over the visible ones); a run whose metrics file is complete is not run again, and
-one that was cut short goes on from its last checkpoint (every 2 steps).
+and the updates blur the memorised kernels (entropy and new kernels rise). Runs go at once, up to
+--parallel, each on one GPU (round robin over the visible ones); a run whose metrics file is complete is
+not run again, and one that was cut short goes on from its last checkpoint (every 2 steps).
 Output in --out-dir: warm_start/ (the model), runs/<multi|single>_seed<k>/ (train.py's metrics, log,
 model), learning_demo.json (every number, and how many new kernels had to be compiled during GRPO)
 and learning_demo.png (score per step, score per turn).
