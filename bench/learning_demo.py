@@ -203,7 +203,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "n-trajectories x turns)")
     p.add_argument("--turns", type=int, default=4, help="multi-turn: turns per trajectory")
     p.add_argument("--tasks-per-step", type=int, default=None,
-                   help="tasks per GRPO step (default: all of --tasks, so that every step's score is over the same tasks)")
+                   help="tasks per GRPO step (default: all of --tasks, so that every step scores the same tasks)")
     p.add_argument("--lr", type=float, default=5e-5, help="GRPO peak learning rate (paper: 2e-6, for a 32B model)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="most reply tokens (default: the warm start's longest library reply + 32)")

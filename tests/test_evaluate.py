@@ -420,7 +420,7 @@ def test_a_cuda_file_beyond_the_light_header_is_built_as_written(cuda_results):
     assert e["status"] == "correct", e["feedback"]
 
     def light_cuda(solution: str) -> list[bool]:
-        """The light-header shortcut of each build folder whose CUDA file holds the candidate's CUDA source as written."""
+        """The light-header shortcut of every build folder whose CUDA file holds the candidate's source as written."""
         code = next(r["code"] for r in records if r["solution"].endswith(solution))
         source = re.search(r'cuda_source = r?"""(.*?)"""', code, re.S).group(1)
         return [json.loads((f.parent / "shortcuts.json").read_text())["light_cuda"]
