@@ -198,7 +198,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ws-check-samples", type=int, default=16, help="warm start: replies sampled per check prompt")
     # GRPO
     p.add_argument("--seeds", type=int, default=3, help="seeds, each with a multi-turn and a single-turn run")
-    p.add_argument("--steps", type=int, default=8, help="GRPO steps per run")
+    p.add_argument("--steps", type=int, default=6, help="GRPO steps per run")
     p.add_argument("--n-trajectories", type=int, default=2, help="multi-turn: trajectories per task (single-turn: "
                    "n-trajectories x turns)")
     p.add_argument("--turns", type=int, default=4, help="multi-turn: turns per trajectory")
