@@ -317,6 +317,12 @@ _LIGHT_TYPES_H = "".join(
     + ["}  // namespace torch\n"])
 
 
+def _sources(arguments: dict, kind: str) -> list[str]:
+    """load_inline's cpp_sources or cuda_sources, which may be one string or a list of them, as a list."""
+    sources = arguments.get(kind)
+    return [sources] if isinstance(sources, str) else list(sources or [])
+
+
 def _content_addressed_load_inline(build_root: str, make_pch: bool):
     """Wrap load_inline so that each distinct extension is built once, in a folder named by its inputs,
     and faster than as written (see `_fast_load_inline`). Copies that differ only in the extension's name,
@@ -333,8 +339,7 @@ def _content_addressed_load_inline(build_root: str, make_pch: bool):
         if bound.arguments.get("build_directory") is not None:
             return original(*bound.args, **bound.kwargs)
         arguments = dict(bound.arguments)
-        written = "\n".join(s if isinstance(s, str) else "\n".join(s)
-                            for s in (arguments.get("cpp_sources") or [], arguments.get("cuda_sources") or []))
+        written = "\n".join(_sources(arguments, "cpp_sources") + _sources(arguments, "cuda_sources"))
         if not re.search(rf"\b{re.escape(str(arguments['name']))}\b", written):
             del arguments["name"]
         key = repr(sorted((k, v) for k, v in arguments.items() if k != "verbose"))
@@ -366,8 +371,7 @@ def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, m
     The shortcuts taken are recorded in the build folder, so that a later load finds the same build."""
     import torch.utils.cpp_extension as cpp_ext
 
-    cuda = arguments.get("cuda_sources")
-    cuda = [cuda] if isinstance(cuda, str) else list(cuda or [])
+    cuda = _sources(arguments, "cuda_sources")
     flags_key = repr([arguments.get("extra_cflags"), arguments.get("extra_include_paths"), bool(cuda),
                       arguments.get("with_cuda"), os.environ.get("CXX"), cpp_ext.__file__])
     header = pch_root / hashlib.sha256(flags_key.encode()).hexdigest()[:16] / "torch_extension.h"
