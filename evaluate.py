@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import fcntl
 import hashlib
 import inspect
 import itertools
@@ -327,11 +328,17 @@ def _sources(arguments: dict, kind: str) -> list[str]:
     return [sources] if isinstance(sources, str) else list(sources or [])
 
 
-def _content_addressed_load_inline(build_root: str, make_pch: bool):
+class BuildUnderWay(Exception):
+    """Raised in a build job whose extension another process is building: the job gives its compile slot
+    back and runs again (a load, then) once that build is done, instead of holding the slot while it waits."""
+
+
+def _content_addressed_load_inline(build_root: str, building: bool):
     """Wrap load_inline so that each distinct extension is built once, in a folder named by its inputs,
     and faster than as written (see `_fast_load_inline`). Copies that differ only in the extension's name,
     as samples of one group and a model's later turns often do, share one build under a name made from
-    the rest, unless their sources spell the name out (their own PYBIND11_MODULE, say)."""
+    the rest, unless their sources spell the name out (their own PYBIND11_MODULE, say). In a build job
+    (`building`), an extension that another process is building raises BuildUnderWay."""
     import torch
     import torch.utils.cpp_extension as cpp_ext
 
@@ -356,7 +363,14 @@ def _content_addressed_load_inline(build_root: str, make_pch: bool):
         if lock.exists() and time.time() - lock.stat().st_mtime > float(os.environ["KEVIN_STALE_LOCK_S"]):
             lock.unlink(missing_ok=True)
         arguments["build_directory"] = str(folder)
-        return _fast_load_inline(original, arguments, folder, Path(build_root) / "pch", make_pch)
+        if not building or (folder / f"{arguments['name']}.so").exists():
+            return _fast_load_inline(original, arguments, folder, Path(build_root) / "pch", make_pch=building)
+        with open(folder / "claim", "w") as claim:  # one build job builds it; the lock goes with its process
+            try:
+                fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise BuildUnderWay(claim.name) from None
+            return _fast_load_inline(original, arguments, folder, Path(build_root) / "pch", make_pch=True)
 
     cpp_ext.load_inline = load_inline
 
@@ -441,8 +455,6 @@ def _make_precompiled_header(ninja_file: Path, header: Path, pch: Path, build_do
     soon as load_inline has written its build.ninja; once: the first process to take the lock does it, the
     others go on without. The extension's name is left out: gcc refuses a header made under another value
     of a macro, and torch's headers never read this one."""
-    import fcntl
-
     while True:
         done = build_done.is_set()  # read before the file: a build that is done has written all it will
         ninja = ninja_file.read_text() if ninja_file.exists() else ""
@@ -493,7 +505,7 @@ def _child_entry(conn, job: str, env: dict, log_path: str, device: str | None):
     os.dup2(fd, 2)
     os.environ.update(env)
     try:
-        _content_addressed_load_inline(env["KEVIN_BUILD_ROOT"], make_pch=job == "build")
+        _content_addressed_load_inline(env["KEVIN_BUILD_ROOT"], building=job == "build")
         if device and device.startswith("cuda"):
             _warm_up(device)
         failed = None
@@ -526,8 +538,17 @@ def _warm_up(device: str) -> None:
 
 def _build(payload: dict) -> dict:
     start = time.perf_counter()
-    _import_file(payload["candidate"], "candidate")
+    try:
+        _import_file(payload["candidate"], "candidate")
+    except BuildUnderWay as e:
+        return {"busy": str(e)}
     return {"seconds": time.perf_counter() - start}
+
+
+def _wait_for_build(claim: str) -> None:
+    """Until the build job that holds an extension's claim is done, or was killed."""
+    with open(claim) as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
 
 
 def start_child(job: str, env: dict, log_path: str, device: str | None = None) -> tuple:
@@ -1117,12 +1138,19 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
             to_run[0] -= 1
             return to_run[0]
 
+    compile_slots = threading.Semaphore(max(1, cfg.compile_workers))
+
     def build(job):
         task_path, candidate, indices = job
         started = time.perf_counter()
         build_env = dict(env, CUDA_VISIBLE_DEVICES="") if "TORCH_CUDA_ARCH_LIST" in env else env
-        outcome = run_in_child("build", {"candidate": candidate}, build_env, cfg.compile_timeout_s,
-                               str(Path(candidate).with_name("build.log")))
+        while True:
+            with compile_slots:
+                outcome = run_in_child("build", {"candidate": candidate}, build_env, cfg.compile_timeout_s,
+                                       str(Path(candidate).with_name("build.log")))
+            if "busy" not in outcome:
+                break
+            _wait_for_build(outcome["busy"])
         if not (outcome.get("timeout") or "crash" in outcome or "error" in outcome):
             ready.put((job, started, outcome["seconds"], outcome["cpu_s"]))
             return
@@ -1178,7 +1206,7 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
     for w in workers:
         w.start()
     try:
-        with ThreadPoolExecutor(max_workers=max(1, cfg.compile_workers)) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:  # waiting for a build takes no slot
             list(pool.map(build, jobs))
         for _ in workers:
             ready.put(None)

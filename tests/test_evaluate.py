@@ -313,6 +313,24 @@ def test_name_only_copies_share_a_build_and_main_cpp_uses_a_precompiled_header_m
     assert check.returncode == 0 and "not used" not in check.stderr, check.stderr
 
 
+def test_a_copy_waiting_for_its_build_gives_its_compile_slot_to_the_next_candidate(tmp_path):
+    """Two compile slots, three candidates in this order: a kernel, a copy of it under another extension
+    name (one build for both), another task's kernel. The copy finds its build under way and gives its slot
+    back, so the third starts building before the shared build is done (holding the slot, it would start
+    after). All three are correct."""
+    relu = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith("correct_loop"))
+    copy = {**relu, "code": relu["code"].replace('name="relu_loop"', 'name="relu_loop_again"')}
+    swish = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith("correct_fused"))
+    results = ev.evaluate([relu, copy, swish], ev.EvalConfig(**dict(CPU, build_dir=str(tmp_path), compile_workers=2)))
+    assert [e["status"] for e in results] == ["correct"] * 3, [e["feedback"] for e in results]
+    folders = [f.parent for f in tmp_path.glob("*/build.ninja")]
+    assert len(folders) == 2
+    swish_folder = next(f for f in folders if "swish" in (f / "main.cpp").read_text())
+    relu_folder = next(f for f in folders if f != swish_folder)
+    shared_build_done = next(relu_folder.glob("*.so")).stat().st_mtime
+    assert (swish_folder / "build.ninja").stat().st_mtime < shared_build_done
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (no GPU needed: -c only)")
 def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name(tmp_path):
     """nvcc compiles a hand-written kernel's CUDA file, as load_inline writes it, against the light
