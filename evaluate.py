@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import contextlib
 import fcntl
 import hashlib
 import inspect
@@ -363,16 +364,29 @@ def _content_addressed_load_inline(build_root: str, building: bool):
         if lock.exists() and time.time() - lock.stat().st_mtime > float(os.environ["KEVIN_STALE_LOCK_S"]):
             lock.unlink(missing_ok=True)
         arguments["build_directory"] = str(folder)
-        if not building or (folder / f"{arguments['name']}.so").exists():
+        to_build = building and not (folder / f"{arguments['name']}.so").exists()
+        with _claim(folder) if to_build else contextlib.nullcontext():
             return _fast_load_inline(original, arguments, folder, Path(build_root) / "pch", make_pch=building)
-        with open(folder / "claim", "w") as claim:  # one build job builds it; the lock goes with its process
-            try:
-                fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                raise BuildUnderWay(claim.name) from None
-            return _fast_load_inline(original, arguments, folder, Path(build_root) / "pch", make_pch=True)
 
     cpp_ext.load_inline = load_inline
+
+
+@contextlib.contextmanager
+def _claim(folder: Path):
+    """Held by the one build job that builds the extension in `folder` (the lock goes with its process);
+    another that finds it held raises BuildUnderWay, and its parent waits in `_wait_for_build`."""
+    with open(folder / "claim", "w") as claim:
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise BuildUnderWay(claim.name) from None
+        yield
+
+
+def _wait_for_build(claim: str) -> None:
+    """Until the build job that holds an extension's claim is done, or was killed."""
+    with open(claim) as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
 
 
 def _fast_load_inline(original, arguments: dict, folder: Path, pch_root: Path, make_pch: bool):
@@ -544,11 +558,6 @@ def _build(payload: dict) -> dict:
         return {"busy": str(e)}
     return {"seconds": time.perf_counter() - start}
 
-
-def _wait_for_build(claim: str) -> None:
-    """Until the build job that holds an extension's claim is done, or was killed."""
-    with open(claim) as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
 
 
 def start_child(job: str, env: dict, log_path: str, device: str | None = None) -> tuple:
