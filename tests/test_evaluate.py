@@ -22,6 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = dict(device="cpu", tasks=str(ROOT / "tests" / "tasks"), run_timeout_s=30, timing_budget_s=1.0, progress=False)
 
 
+def cpu_solution(suffix: str, name: str | None = None) -> dict:
+    """The hand-written C++ candidate whose file name ends with `suffix`; with `name`, a copy whose extension
+    is called that instead (the same sources, so one build serves both)."""
+    record = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith(suffix))
+    return {**record, "code": re.sub(r'name="\w+"', f'name="{name}"', record["code"], count=1)} if name else record
+
+
 def expected_status(record: dict) -> str:
     variant = record["solution"].split(".", 1)[1]
     return next(s for s in sorted(ev.STATUSES, key=len, reverse=True) if variant.startswith(s))
@@ -291,8 +298,7 @@ def test_name_only_copies_share_a_build_and_main_cpp_uses_a_precompiled_header_m
     extension's name loads that build; a source that spells its name out (its own PYBIND11_MODULE) is built
     under that name, its main.cpp compiled against the header (gcc's -Winvalid-pch stays silent on the same
     command). All three are correct."""
-    correct = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith("correct_loop"))
-    renamed = {**correct, "code": correct["code"].replace('name="relu_loop"', 'name="relu_loop_again"')}
+    correct, renamed = cpu_solution("correct_loop"), cpu_solution("correct_loop", name="relu_loop_again")
     own_module = {**correct, "code": correct["code"].replace(
         '}\n"""\nrelu_ext', '}\nPYBIND11_MODULE(relu_own_module, m) { m.def("relu", &relu); }\n"""\nrelu_ext').replace(
         'name="relu_loop", cpp_sources=source, functions=["relu"]', 'name="relu_own_module", cpp_sources=source')}
@@ -318,9 +324,8 @@ def test_a_copy_waiting_for_its_build_gives_its_compile_slot_to_the_next_candida
     name (one build for both), another task's kernel. The copy finds its build under way and gives its slot
     back, so the third starts building before the shared build is done (holding the slot, it would start
     after). All three are correct."""
-    relu = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith("correct_loop"))
-    copy = {**relu, "code": relu["code"].replace('name="relu_loop"', 'name="relu_loop_again"')}
-    swish = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith("correct_fused"))
+    relu, copy = cpu_solution("correct_loop"), cpu_solution("correct_loop", name="relu_loop_again")
+    swish = cpu_solution("correct_fused")
     results = ev.evaluate([relu, copy, swish], ev.EvalConfig(**dict(CPU, build_dir=str(tmp_path), compile_workers=2)))
     assert [e["status"] for e in results] == ["correct"] * 3, [e["feedback"] for e in results]
     folders = [f.parent for f in tmp_path.glob("*/build.ninja")]
