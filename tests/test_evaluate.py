@@ -293,30 +293,35 @@ def test_cli_reads_stdin(cpu_results):
     assert json.loads(result.stdout)["eval"]["status"] == "format_error"
 
 
-def test_name_only_copies_share_a_build_and_main_cpp_uses_a_precompiled_header_made_by_the_first(tmp_path):
-    """The first build leaves a precompiled torch/extension.h behind. A copy that differs only in its
-    extension's name loads that build; a source that spells its name out (its own PYBIND11_MODULE) is built
-    under that name, its main.cpp compiled against the header (gcc's -Winvalid-pch stays silent on the same
-    command). All three are correct."""
+def test_name_only_copies_share_a_build_and_main_cpp_uses_the_light_header_precompiled_by_the_first(tmp_path):
+    """The first build leaves the light torch/extension.h precompiled behind. A copy that differs only in its
+    extension's name loads that build; a source that spells its name out (its own PYBIND11_MODULE, which the
+    light header does not promise) is built as written under that name. A later build with the first one's
+    flags compiles main.cpp against the precompiled header (gcc -H marks a header it used precompiled with
+    '!'). All are correct."""
     correct, renamed = cpu_solution("correct_loop"), cpu_solution("correct_loop", name="relu_loop_again")
     own_module = {**correct, "code": correct["code"].replace(
         '}\n"""\nrelu_ext', '}\nPYBIND11_MODULE(relu_own_module, m) { m.def("relu", &relu); }\n"""\nrelu_ext').replace(
         'name="relu_loop", cpp_sources=source, functions=["relu"]', 'name="relu_own_module", cpp_sources=source')}
     assert "PYBIND11_MODULE" in own_module["code"] and "functions=" not in own_module["code"]
+    other = cpu_solution("correct_fused")
     cfg = ev.EvalConfig(**dict(CPU, build_dir=str(tmp_path)))
     first = ev.evaluate([correct], cfg)
-    assert list(tmp_path.glob("pch/*/torch_extension.h.gch"))
-    later = ev.evaluate([renamed, own_module], cfg)
-    assert [e["status"] for e in first + later] == ["correct"] * 3, [e["feedback"] for e in first + later]
+    pch = list(tmp_path.glob("light/*/torch/extension.h.gch"))
+    assert len(pch) == 1
+    later = ev.evaluate([renamed, own_module, other], cfg)
+    assert [e["status"] for e in first + later] == ["correct"] * 4, [e["feedback"] for e in first + later]
     builds = {f.parent: f.read_text() for f in tmp_path.glob("*/build.ninja")}
-    assert len(builds) == 2 and not any("relu_loop" in text for text in builds.values())
-    folder = next(f for f, text in builds.items() if re.search(r"TORCH_EXTENSION_NAME=relu_own_module\s", text))
-    assert json.loads((folder / "shortcuts.json").read_text())["pch"]
+    assert len(builds) == 3 and not any("relu_loop" in text for text in builds.values())
+    took_light = {"TORCH_EXTENSION_NAME=relu_own_module " in text + " ":
+                  json.loads((folder / "shortcuts.json").read_text())["light"] for folder, text in builds.items()}
+    assert took_light == {True: False, False: True}
+    folder = next(f for f, text in builds.items() if "swish" in (f / "main.cpp").read_text())
     flags = re.search(r"^cflags = (.*)$", builds[folder], re.M).group(1)
-    assert "-include" in flags
-    check = subprocess.run(["c++", *shlex.split(flags), "-Winvalid-pch", "-fsyntax-only", str(folder / "main.cpp")],
+    assert f"-I{pch[0].parent.parent}" in flags
+    check = subprocess.run(["c++", *shlex.split(flags), "-H", "-fsyntax-only", str(folder / "main.cpp")],
                            capture_output=True, text=True)
-    assert check.returncode == 0 and "not used" not in check.stderr, check.stderr
+    assert check.returncode == 0 and f"! {pch[0]}" in check.stderr.splitlines(), check.stderr[:2000]
 
 
 def test_a_copy_waiting_for_its_build_gives_its_compile_slot_to_the_next_candidate(tmp_path):
@@ -344,7 +349,7 @@ def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name
     import torch.utils.cpp_extension as cpp_ext
 
     light = tmp_path / "light"
-    ev._write_light_header(light)
+    ev._write_light_headers(light)
     system = [*cpp_ext.include_paths(), sysconfig.get_paths()["include"]]
     flags = [f"-I{light}", *(f for path in system for f in ("-isystem", path)), *cpp_ext.COMMON_NVCC_FLAGS, "-std=c++17", "-c"]
     errors = {}
@@ -436,18 +441,18 @@ def test_an_illegal_memory_access_does_not_affect_the_next_kernel(cuda_results):
 @pytest.mark.gpu
 @gpu
 def test_a_cuda_file_beyond_the_light_header_is_built_as_written(cuda_results):
-    """The light header the evaluator tries first lacks torch's autograd; the build falls back to the source
-    as written. A plain kernel is built against the light header."""
+    """The light headers the evaluator tries first lack torch's autograd; the build falls back to the source
+    as written. A plain kernel is built against the light headers."""
     records, results = cuda_results
     e = next(e for r, e in zip(records, results) if r["solution"].endswith("correct_beyond_light_header"))
     assert e["status"] == "correct", e["feedback"]
 
-    def light_cuda(solution: str) -> list[bool]:
-        """The light-header shortcut of every build folder whose CUDA file holds the candidate's source as written."""
+    def took_light(solution: str) -> list[bool]:
+        """Whether each build folder whose CUDA file holds the candidate's source as written took the light headers."""
         code = next(r["code"] for r in records if r["solution"].endswith(solution))
         source = re.search(r'cuda_source = r?"""(.*?)"""', code, re.S).group(1)
-        return [json.loads((f.parent / "shortcuts.json").read_text())["light_cuda"]
+        return [json.loads((f.parent / "shortcuts.json").read_text())["light"]
                 for f in (ROOT / ".cache" / "builds").glob("*/cuda.cu") if source in f.read_text()]
 
-    assert light_cuda("7_ReLU.correct_beyond_light_header") == [False]  # its source names torch/extension.h
-    assert light_cuda("7_ReLU.correct_vec4") and all(light_cuda("7_ReLU.correct_vec4"))
+    assert took_light("7_ReLU.correct_beyond_light_header") == [False]  # its source names torch/extension.h
+    assert took_light("7_ReLU.correct_vec4") and all(took_light("7_ReLU.correct_vec4"))
