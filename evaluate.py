@@ -407,15 +407,16 @@ def _fast_load_inline(original, arguments: dict, folder: Path, build_root: Path,
     took the light headers is recorded in its folder, so that a later load finds the same build."""
     import torch.utils.cpp_extension as cpp_ext
 
-    sources = _sources(arguments, "cpp_sources") + _sources(arguments, "cuda_sources")
-    flags_key = repr([arguments.get("extra_cflags"), arguments.get("extra_include_paths"),
-                      bool(arguments.get("cuda_sources")), arguments.get("with_cuda"), os.environ.get("CXX"),
-                      cpp_ext.__file__, _LIGHT_TYPES_H, _LIGHT_EXTENSION_H])
+    cuda = _sources(arguments, "cuda_sources")
+    flags_key = repr([arguments.get("extra_cflags"), arguments.get("extra_include_paths"), bool(cuda),
+                      arguments.get("with_cuda"), os.environ.get("CXX"), cpp_ext.__file__,
+                      _LIGHT_TYPES_H, _LIGHT_EXTENSION_H])
     light = build_root / "light" / hashlib.sha256(flags_key.encode()).hexdigest()[:16]
     record = folder / "shortcuts.json"
     took_light = json.loads(record.read_text()).get("light") if record.exists() else None
     if took_light is None:
-        took_light = not any(_BEYOND_LIGHT.search(s) for s in sources) and not re.search(r"\s", str(light))
+        took_light = (not any(_BEYOND_LIGHT.search(s) for s in _sources(arguments, "cpp_sources") + cuda)
+                      and not re.search(r"\s", str(light)))
         record.write_text(json.dumps({"light": took_light}))
     if took_light:
         _write_light_headers(light)
@@ -423,8 +424,7 @@ def _fast_load_inline(original, arguments: dict, folder: Path, build_root: Path,
     def build():
         kwargs = dict(arguments)
         if took_light:
-            kwargs["cuda_sources"] = [_HEAVY_INCLUDE.sub("#include <torch/types.h>", s)
-                                      for s in _sources(arguments, "cuda_sources")]
+            kwargs["cuda_sources"] = [_HEAVY_INCLUDE.sub("#include <torch/types.h>", s) for s in cuda]
             kwargs["extra_cflags"] = [f"-I{light}"] + list(arguments.get("extra_cflags") or [])
             kwargs["extra_cuda_cflags"] = [f"-I{light}"] + list(arguments.get("extra_cuda_cflags") or [])
         return original(**kwargs)
@@ -558,7 +558,6 @@ def _build(payload: dict) -> dict:
     except BuildUnderWay as e:
         return {"busy": str(e)}
     return {"seconds": time.perf_counter() - start}
-
 
 
 def start_child(job: str, env: dict, log_path: str, device: str | None = None) -> tuple:
