@@ -23,8 +23,8 @@ the evaluator's content-addressed build cache already holds (a new kernel costs 
 With --model tiny (the default) the model is a fresh Qwen2 of --layers x --hidden on the tiny model's
 tokenizer (tiny_model.py), larger than the tiny model itself so that it memorises the library in a
 short run; any other --model is a Hugging Face path fine-tuned as it is. The loss is the mean
-log-likelihood of the reply tokens (the reply's end-of-turn token included), computed with train.py's
-own batching, so positions and padding match what RL will see.
+log-likelihood of the reply tokens (the reply's end-of-turn token included), computed with the batching
+train.py uses (batching.py), so positions and padding match what RL will see.
 
 Run:
   python warm_start.py --out runs/warm_start                        # CUDA library on its demo-sized tasks
@@ -51,9 +51,9 @@ from pathlib import Path
 import torch
 
 import reward
+from batching import Sample, collate, reply_logits, token_logprobs
 from evaluate import STATUSES, EvalConfig, evaluate, library_records
 from generate import ChatTokens, HFBackend, load_tasks, parse_reply, render_prompt
-from train import Sample, collate, reply_logits, token_logprobs
 
 REPO = Path(__file__).resolve().parent
 LIBRARY = REPO / "solutions" / "warm_start"
