@@ -537,13 +537,12 @@ def main(argv=None) -> None:
             records = [{"task": task.id, "trajectory": k, "turns": []} for task in my_tasks
                        for k in range(args.n_trajectories)]
             record_tasks = [task for task in my_tasks for _ in range(args.n_trajectories)]
-            turn_args = argparse.Namespace(seed=f"{args.seed}/{step}", device=args.eval_device,
-                                           context_budget=args.context_budget)
             with policy_for_generation(accelerator, model) as policy:
                 generator = backend or HFBackend(policy, args.temperature, args.max_tokens, tokenizer=tokenizer,
                                                  synced_gpus=is_sharded(accelerator) and world > 1)
                 for _ in range(args.turns):
-                    run_turn(records, record_tasks, generator, turn_args, eval_config)
+                    run_turn(records, record_tasks, generator, eval_config, seed=f"{args.seed}/{step}",
+                             device=args.eval_device, context_budget=args.context_budget)
             mine = reward.add_rewards(records, args.gamma, args.return_mode, args.correct_weight,
                                       args.speedup_weight, args.group_by)
             n_samples = args.tasks_per_step * args.n_trajectories * args.turns
