@@ -358,13 +358,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rollouts", default=None,
                    help="offline: update from this trajectory JSONL instead of rolling out; turns without an "
                         "advantage get reward.py's; one step per --tasks-per-step tasks of the file")
-    # reward (reward.py)
-    p.add_argument("--gamma", type=float, default=0.4, help="discount per turn")
-    p.add_argument("--return-mode", choices=["sum", "max"], default="sum", help="discounted sum or max of later scores")
-    p.add_argument("--correct-weight", type=float, default=0.3, help="score of any correct kernel")
-    p.add_argument("--speedup-weight", type=float, default=1.0, help="score per unit of speedup, correct kernels only")
-    p.add_argument("--group-by", choices=reward.GROUP_BY, default="task",
-                   help="which turn-samples an advantage is normalised over")
+    # reward: reward.py's flags and defaults
+    reward.add_reward_flags(p)
     # optimisation
     p.add_argument("--steps", type=int, default=None,
                    help="steps (rollout + updates); default 40 with a GPU, 3 without; offline: all of the file")
@@ -404,8 +399,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise SystemExit("--eps-low, --eps-high, --beta, --lr, --warmup-ratio and --lora-rank must not be negative")
     if args.temperature <= 0 or args.max_grad_norm <= 0:
         raise SystemExit("--temperature and --max-grad-norm must be positive")
-    if not 0.0 <= args.gamma <= 1.0:
-        raise SystemExit(f"--gamma must be in [0, 1], got {args.gamma}")
+    args.reward = reward.reward_config(args)
     if args.backend == "vllm" and args.lora_rank:
         raise SystemExit("--backend vllm takes full weights: it cannot be combined with --lora-rank")
     return args
@@ -430,8 +424,7 @@ def main(argv=None) -> None:
     if args.rollouts:
         trajectories = reward.load_trajectories(args.rollouts)
         if not all({"score", "return", "advantage"} <= set(turn) for record in trajectories for turn in record["turns"]):
-            trajectories = reward.add_rewards(trajectories, args.gamma, args.return_mode, args.correct_weight,
-                                              args.speedup_weight, args.group_by)
+            trajectories = reward.add_rewards(trajectories, args.reward)
         try:
             turn_samples(trajectories)
         except ValueError as error:
@@ -543,8 +536,7 @@ def main(argv=None) -> None:
                 for _ in range(args.turns):
                     run_turn(records, record_tasks, generator, eval_config, seed=f"{args.seed}/{step}",
                              device=args.eval_device, context_budget=args.context_budget)
-            mine = reward.add_rewards(records, args.gamma, args.return_mode, args.correct_weight,
-                                      args.speedup_weight, args.group_by)
+            mine = reward.add_rewards(records, args.reward)
             n_samples = args.tasks_per_step * args.n_trajectories * args.turns
         rollout_s = time.perf_counter() - started
 
