@@ -45,6 +45,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from evaluate import FENCE, EvalConfig, evaluate, extract_code, load_tasks as index_tasks
+from tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parent
 SPLITS = REPO / "tasks" / "split.json"
@@ -499,8 +500,6 @@ def summary_table(records: list[dict]) -> str:
 def make_backend(args: argparse.Namespace):
     model = args.model
     if model == "tiny":
-        from tiny_model import build_tiny_model
-
         model = build_tiny_model()
     if args.backend == "hf":
         return HFBackend(model, args.temperature, args.max_tokens)
