@@ -457,6 +457,7 @@ def online_tasks(args: argparse.Namespace, world: int) -> tuple[dict[str, Task],
 
 
 def make_accelerator(args: argparse.Namespace, accumulation: int, on_gpu: bool) -> Accelerator:
+    """The Accelerator for the launch config (DDP, FSDP 2, ZeRO-3), refusing what the loop does not support."""
     # Micro-batches per update come from --micro-batch-size, not from the launch config (DeepSpeed reads these).
     os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(accumulation)
     os.environ["ACCELERATE_GRADIENT_CLIPPING"] = str(args.max_grad_norm)
@@ -493,6 +494,7 @@ def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: 
 
 
 def setup(args: argparse.Namespace) -> Run:
+    """Processes, the step plan, the policy and its optimizer, the reference model, the vLLM engine."""
     on_gpu = torch.cuda.is_available()
     # A rank waits at the next collective while the slowest rank's kernels are being evaluated.
     state = PartialState(cpu=not on_gpu, timeout=timedelta(hours=3))
@@ -654,6 +656,7 @@ def log_step(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts, 
 
 
 def save_checkpoint(run: Run, steps_done: int, first_words: Counter) -> None:
+    """accelerate's state, with the step count and the first words seen: what --resume reads back."""
     checkpoint = run.output_dir / "checkpoints" / f"step_{steps_done:06d}"
     run.accelerator.save_state(str(checkpoint))
     if run.accelerator.is_main_process:
