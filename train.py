@@ -583,12 +583,14 @@ def roll_out(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
                     picked)
 
 
-def update(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts) -> tuple[torch.Tensor, list[float], float]:
+def update(args: argparse.Namespace, run: Run, step: int,
+           rollouts: Rollouts) -> tuple[torch.Tensor, list[float], float]:
     """--updates-per-batch gradient steps on the rollouts: (this rank's summed loss, tokens, clipped, entropy
     and kl; the gradient norm of each step; the last learning rate)."""
     accelerator, model = run.accelerator, run.model
     samples = turn_samples(rollouts.trajectories)
-    constant = args.max_tokens * rollouts.samples / accelerator.num_processes  # DDP averages over ranks: sum / (max x N)
+    # DDP averages over ranks: the global sum / (max tokens x samples)
+    constant = args.max_tokens * rollouts.samples / accelerator.num_processes
     chunks = micro_batches(samples, args.micro_batch_size, run.accumulation)
     totals = torch.zeros(5, device=accelerator.device)  # loss, tokens, clipped, entropy, kl
     grad_norms = []
@@ -660,7 +662,8 @@ def save_checkpoint(run: Run, steps_done: int, first_words: Counter) -> None:
     checkpoint = run.output_dir / "checkpoints" / f"step_{steps_done:06d}"
     run.accelerator.save_state(str(checkpoint))
     if run.accelerator.is_main_process:
-        (checkpoint / "trainer_state.json").write_text(json.dumps({"step": steps_done, "first_words": dict(first_words)}))
+        (checkpoint / "trainer_state.json").write_text(
+            json.dumps({"step": steps_done, "first_words": dict(first_words)}))
 
 
 def save_final(run: Run) -> None:

@@ -290,7 +290,7 @@ def write_rollouts(path: Path, model_path: str) -> int:
     batch = batching.collate(samples, tokenizer.pad_token_id)
     with torch.no_grad():
         logprobs = batching.token_logprobs(batching.reply_logits(model, batch), batch["targets"],
-                                        train.parse_args([]).temperature)
+                                           train.parse_args([]).temperature)
     rows = iter(zip(logprobs.tolist(), batch["reply_mask"].tolist()))
     for record in records:
         for turn in record["turns"]:

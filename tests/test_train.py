@@ -65,7 +65,8 @@ def write_rollouts(path: Path, tokenizer, model) -> Path:
                 logprobs = None
                 if k == 0:
                     with torch.no_grad():
-                        logprobs = reply_logprobs_unpadded(model, batching.Sample(prompt, reply, None, 0.0), 0.9).tolist()
+                        sample = batching.Sample(prompt, reply, None, 0.0)
+                        logprobs = reply_logprobs_unpadded(model, sample, 0.9).tolist()
                 turns.append({"turn": turn,
                               "prompt": {"messages": [{"role": "user", "content": "..."}], "token_ids": prompt},
                               "reply": {"text": text, "token_ids": reply, "logprobs": logprobs},
