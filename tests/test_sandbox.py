@@ -141,7 +141,8 @@ def attack_run(folder: Path, device: str, attacks: tuple[str, ...], again: bool)
     finally:
         connections = listener.stop()
     again_records = [r for r in records if r["id"].startswith("honest")]
-    again, again_rows = run_cli(project, again_records, folder / "again.jsonl", build_dir, device) if again else (None, [])
+    again, again_rows = (run_cli(project, again_records, folder / "again.jsonl", build_dir, device) if again
+                         else (None, []))
     return dict(records=records, done=done, rows=rows, connections=connections, before=before,
                 after=fingerprint(project), again_records=again_records, again=again, again_rows=again_rows,
                 build_dir=build_dir)
@@ -221,7 +222,8 @@ def test_a_candidate_cannot_delete_the_build_cache(delete):
     assert [r.get("id") for r in delete["rows"]] == [r["id"] for r in delete["records"]], \
         delete["done"].stderr[-3000:]
     assert statuses(delete["rows"])["honest-1"] == "correct", [r["eval"]["feedback"][:300] for r in delete["rows"]]
-    honest_builds = [f for f in delete["build_dir"].glob("*/*.so") if "attempt()" not in (f.parent / "main.cpp").read_text()]
+    honest_builds = [f for f in delete["build_dir"].glob("*/*.so")
+                     if "attempt()" not in (f.parent / "main.cpp").read_text()]
     assert honest_builds
 
 
