@@ -39,6 +39,19 @@ REPO = Path(__file__).resolve().parents[1]
 BUILDS = REPO / ".cache" / "builds"  # evaluate.py's default build cache, which train.py uses
 
 
+def repo_relative(value):
+    """A JSON value with every absolute path in it made relative to the repository, or None where it lies
+    outside: a report names no folder of the machine that made it."""
+    if isinstance(value, dict):
+        return {k: repo_relative(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [repo_relative(v) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        path = Path(value).resolve()
+        return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else None
+    return value
+
+
 # ---------------------------------------------------------------- commands
 def warm_start_command(args, out: Path) -> list[str]:
     return [sys.executable, str(REPO / "warm_start.py"), "--device", args.device, "--tasks", args.tasks,
@@ -287,11 +300,11 @@ def main(argv=None) -> None:
           f"first at the end in {sum(later_higher)} of {len(seeds)}; {builds} new kernels compiled during GRPO; "
           f"warm start {warm_s:.0f} s, GRPO {time.time() - rl_started:.0f} s")
     plot(runs, seeds, out / "learning_demo.png")
-    (out / "learning_demo.json").write_text(json.dumps({
-        "config": {k: v for k, v in vars(args).items()}, "warm_model": str(model),
+    (out / "learning_demo.json").write_text(json.dumps(repo_relative({
+        "config": vars(args), "warm_model": str(model.resolve()),
         "warm_start": json.loads(report.read_text()) if report.exists() else None,
         "runs": runs, "new_kernels_compiled_during_grpo": builds,
-        "seconds": {"warm_start": round(warm_s, 1), "grpo": round(time.time() - rl_started, 1)}}, indent=1))
+        "seconds": {"warm_start": round(warm_s, 1), "grpo": round(time.time() - rl_started, 1)}}), indent=1))
     print(f"plot: {out / 'learning_demo.png'}   numbers: {out / 'learning_demo.json'}")
 
 

@@ -242,7 +242,7 @@ def failure(launch: Launch) -> str:
     print(f"\n--- {launch.tag} exited {launch.returncode}; last lines of {launch.out / 'launch.log'}:\n"
           + "\n".join(tail), file=sys.stderr)
     why = "stopped at --launch-timeout-s" if launch.seconds > launch.timeout_s else f"exit {launch.returncode}"
-    return f"{why} after {launch.seconds:.0f} s (log: {launch.out / 'launch.log'})"
+    return f"{why} after {launch.seconds:.0f} s (log: {launch.tag}/launch.log in the work folder)"
 
 
 def read_log(out: Path) -> list[dict]:
@@ -457,7 +457,7 @@ def evaluate_part(args, work: Path, watch: GpuWatch, gpus: int, warmup, rows: Ch
     process, warm_out = warmup
     started = time.perf_counter()
     if process.wait() != 0:
-        rows.add("evaluate: build warm-up", False, f"exit {process.returncode} (log: {work / 'warmup.log'})")
+        rows.add("evaluate: build warm-up", False, f"exit {process.returncode} (log: warmup.log in the work folder)")
         return
     warm = [json.loads(line)["eval"]["status"] for line in warm_out.read_text().splitlines()]
     print(f"build warm-up done ({time.perf_counter() - started:.0f} s waited): {warm}", file=sys.stderr)

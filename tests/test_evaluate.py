@@ -351,7 +351,14 @@ def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name
     light = tmp_path / "light"
     ev._write_light_headers(light)
     system = [*cpp_ext.include_paths(), sysconfig.get_paths()["include"]]
-    flags = [f"-I{light}", *(f for path in system for f in ("-isystem", path)), *cpp_ext.COMMON_NVCC_FLAGS, "-std=c++17", "-c"]
+    # The C++ standard is the one torch's own build file asks for (C++17 in older releases, C++20 in newer ones,
+    # whose headers need it); load_inline gives nvcc the same one.
+    cpp_ext._write_ninja_file_to_build_library(
+        str(tmp_path / "build.ninja"), name="probe", sources=[str(tmp_path / "probe.cpp")], extra_cflags=[],
+        extra_cuda_cflags=[], extra_sycl_cflags=[], extra_ldflags=[], extra_include_paths=[], with_cuda=False,
+        with_sycl=False, is_standalone=False)
+    std = re.search(r"^cflags = .*(-std=\S+)", (tmp_path / "build.ninja").read_text(), re.M).group(1)
+    flags = [f"-I{light}", *(f for path in system for f in ("-isystem", path)), *cpp_ext.COMMON_NVCC_FLAGS, std, "-c"]
     errors = {}
     for stem in ("7_ReLU.correct_vec4", "7_ReLU.correct_beyond_light_header"):
         code = (ROOT / "solutions" / "cuda" / "level1" / f"{stem}.py").read_text()

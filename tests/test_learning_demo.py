@@ -57,6 +57,12 @@ def test_table_and_plot_show_every_seed_and_the_mean(tmp_path):
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_report_names_paths_in_the_repository_relative_to_it_and_others_not_at_all():
+    report = ld.repo_relative({"tasks": str(ld.REPO / "tests" / "tasks"), "out": ["/elsewhere/ld"], "lr": 0.1,
+                               "kernel": "level1/7_ReLU.correct_vec4"})
+    assert report == {"tasks": "tests/tasks", "out": [None], "lr": 0.1, "kernel": "level1/7_ReLU.correct_vec4"}
+
+
 @pytest.mark.slow
 def test_whole_demo_runs_train_py_twice_and_writes_its_report(tmp_path):
     """With the untrained tiny model every reply is junk (score 0, nothing built); the orchestration is real."""
@@ -68,6 +74,7 @@ def test_whole_demo_runs_train_py_twice_and_writes_its_report(tmp_path):
     report = json.loads((tmp_path / "learning_demo.json").read_text())
     assert set(report["runs"]) == {"multi_seed1", "single_seed1"}
     assert report["config"]["tasks_per_step"] == 2  # every task of tests/tasks in every step, by default
+    assert report["config"]["tasks"] == "tests/tasks" and report["config"]["out_dir"] is None  # tmp_path: elsewhere
     assert len(report["runs"]["multi_seed1"]["turn_end"]) == 2 and len(report["runs"]["single_seed1"]["turn_end"]) == 1
     assert report["runs"]["multi_seed1"]["score_end"] == 0.0
     assert (tmp_path / "learning_demo.png").exists()
