@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import build_cache
 import evaluate as ev
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -349,7 +350,7 @@ def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name
     import torch.utils.cpp_extension as cpp_ext
 
     light = tmp_path / "light"
-    ev._write_light_headers(light)
+    build_cache.write_light_headers(light)
     system = [*cpp_ext.include_paths(), sysconfig.get_paths()["include"]]
     flags = [f"-I{light}", *(f for path in system for f in ("-isystem", path)), *cpp_ext.COMMON_NVCC_FLAGS, "-std=c++17", "-c"]
     errors = {}
@@ -358,13 +359,13 @@ def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name
         source = re.search(r'cuda_source = r"""(.*?)"""', code, re.S).group(1)
         cu = tmp_path / f"{stem}.cu"  # load_inline's first lines, then the source with the include the evaluator swaps
         cu.write_text("#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
-                      + ev._HEAVY_INCLUDE.sub("#include <torch/types.h>", source))
+                      + build_cache.HEAVY_INCLUDE.sub("#include <torch/types.h>", source))
         done = subprocess.run(["nvcc", *flags, str(cu), "-o", str(cu.with_suffix(".o"))], capture_output=True, text=True)
         errors[stem] = [line for line in (done.stdout + done.stderr).splitlines() if "error" in line]
         assert done.returncode == 0 or errors[stem], done.stdout + done.stderr
     assert errors["7_ReLU.correct_vec4"] == [] and (tmp_path / "7_ReLU.correct_vec4.o").exists()
     assert errors["7_ReLU.correct_beyond_light_header"]
-    assert any(ev._MISSING_NAME.search(line) for line in errors["7_ReLU.correct_beyond_light_header"]), errors
+    assert any(build_cache.MISSING_NAME.search(line) for line in errors["7_ReLU.correct_beyond_light_header"]), errors
 
 
 # --------------------------------------------------------------------------------------------------- GPU
