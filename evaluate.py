@@ -8,17 +8,20 @@ reads on its next turn (the five kinds of the Kevin paper, plus `rejected` and `
 Pipeline, per call of `evaluate(records)`:
   1. parse: the last fenced code block of a reply (or the record's code as is); the paper's static rules
      (no try/except, no `pass`, no torch.nn layers / functional / torch compute ops, a native kernel).
-  2. build: every distinct candidate is imported in a child process from a pool sized to the cores;
-     `load_inline` is redirected to a build folder named by the hash of its arguments, so an extension
-     that appears in many candidates (a GRPO group, a later turn) is compiled once and reused; its CUDA
-     file is compiled against a light torch/types.h and its main.cpp against a precompiled
-     torch/extension.h, each with a fallback to the build as written (`_fast_load_inline`).
+  2. build: every distinct candidate is imported in a child process from a pool sized to the cores, with
+     load_inline redirected to a content-addressed build cache of light, precompiled torch headers, so that
+     an extension repeated across a GRPO group or a later turn is compiled once and fast (build_cache.py).
   3. run: per GPU, one fresh child process per candidate, set up (CUDA context and all) while the ones
      before it run: correctness on `--correct-trials` fresh random input sets (candidate first, then the
-     reference, each on its own clone of the inputs; shape, dtype, NaN/Inf and tolerance checks), then
-     candidate and reference timed alternately in the same process (warm-up, L2 flush before each trial,
-     CUDA events closed after a device-wide synchronize, median).
-  A crash, illegal memory access, `sys.exit` or hang kills only that child; the result says so.
+     reference, each on its own clone of the inputs; shape, dtype, NaN/Inf and tolerance checks), the
+     share of GPU time in the candidate's own kernels, then candidate and reference timed alternately in
+     the same process (warm-up, L2 flush before each trial, CUDA events closed after a device-wide
+     synchronize, median).
+  A crash, illegal memory access, `sys.exit` or hang kills only that child; the result says so (isolation.py).
+
+The file reads in that order: config, tasks, the static rules, the checking inside the run child
+(`check_correctness`, `check_own_kernel_share`, `time_models`, composed by `_run`), feedback, the
+scheduler (`_Evaluation`), the command line (one flag per EvalConfig field).
 
 Defaults follow the KernelBench version Kevin used (atol = rtol = 1e-2, seed 42 before building each
 model so parameters made the same way match); where the paper is silent (number of correctness inputs,
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import inspect
 import itertools
 import json
 import math
@@ -45,11 +49,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -66,9 +71,10 @@ class EvalConfig:
     device: str = "auto"
     """'cuda' (CUDA candidates, one worker per GPU), 'cpu' (C++ candidates) or 'auto' (cuda if visible)"""
     gpus: list[int] | None = None
-    """GPU indices to spread candidates over; None = every visible GPU"""
+    """GPU indices to spread candidates over, comma-separated on the command line (default: every visible GPU)"""
     tasks: str = str(ROOT / "tasks")
-    """task folder (or KernelBench level folder) that task ids are resolved against"""
+    """task folder (or KernelBench level folder) that task ids are resolved against; the CPU demo (no input)
+    takes the CPU-sized copies in tests/tasks/"""
     correct_trials: int = 5
     """fresh random input sets the candidate must match the reference on"""
     atol: float = 1e-2
@@ -89,8 +95,8 @@ class EvalConfig:
     poison_bytes: int = 2 << 30
     """free device memory filled with NaN before each correctness run (at most half of what is free)"""
     defences: bool = True
-    """False skips every runtime defence (poison, clones, second run, probes, profiler, fresh timing inputs,
-    spot checks, tamper checks): only to measure what they cost (bench/defence_cost.py)"""
+    """every runtime defence (poison, clones, second run, probes, profiler, fresh timing inputs, spot checks,
+    tamper checks); turning them off (--no-defences) is only to measure what they cost (bench/defence_cost.py)"""
     seed: int = 42
     """seed set before get_init_inputs and before building each model (KernelBench's convention)"""
     compile_workers: int = len(os.sched_getaffinity(0))
@@ -105,7 +111,7 @@ class EvalConfig:
     build_dir: str = str(ROOT / ".cache" / "builds")
     """where extensions are built, one folder per distinct extension (kept: a cache across runs)"""
     progress: bool = True
-    """show a tqdm bar"""
+    """a tqdm progress bar on stderr (--no-progress: none)"""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -268,7 +274,11 @@ def static_check(code: str, device: str) -> tuple[str, str] | None:
     return None
 
 
-def _import_file(path: str, name: str):
+# ----------------------------------------------------------------------------------------------------
+# The build child's job (run in isolation.py's children; the run child's job, `_run`, follows the checks)
+
+
+def import_file(path: str, name: str):
     """Execute a source file as a module (a task, or a candidate) without touching sys.modules."""
     import importlib.util
 
@@ -279,9 +289,11 @@ def _import_file(path: str, name: str):
 
 
 def _build(payload: dict) -> dict:
+    """Import the candidate, which builds its extensions (or loads them, built before); {'busy': claim} where
+    another child is building one of them, so that this build waits without holding a compile slot."""
     start = time.perf_counter()
     try:
-        _import_file(payload["candidate"], "candidate")
+        import_file(payload["candidate"], "candidate")
     except BuildUnderWay as e:
         return {"busy": str(e)}
     return {"seconds": time.perf_counter() - start}
@@ -291,7 +303,8 @@ def _build(payload: dict) -> dict:
 # The check and the timing, inside the run child
 
 
-def _flatten(out) -> list:
+def flatten_outputs(out) -> list:
+    """A model's output as a list of outputs: a tuple or list as it is, anything else alone."""
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
@@ -306,7 +319,7 @@ def _compare(candidate, reference, atol: float, rtol: float) -> tuple[str | None
 
     What a correct but clumsy kernel gets wrong is `incorrect`; an output that could only pass by
     gaming the check (a tensor subclass, no storage, NaN where the reference is finite) is `rejected`."""
-    cand, ref = _flatten(candidate), _flatten(reference)
+    cand, ref = flatten_outputs(candidate), flatten_outputs(reference)
     if len(cand) != len(ref):
         return "incorrect", f"expected {len(ref)} outputs, got {len(cand)}", math.inf
     worst = 0.0
@@ -407,7 +420,7 @@ def _probe(out) -> list:
     reading the result right away would see. Copies, unlike kernels, are not held back by a kernel still
     filling the GPU on another stream."""
     probes = []
-    for o in _flatten(out):
+    for o in flatten_outputs(out):
         if isinstance(o, torch.Tensor) and o.is_contiguous() and o.numel():
             flat = o.reshape(-1)
             picks = sorted({round(i * (o.numel() - 1) / 7) for i in range(8)})
@@ -426,7 +439,7 @@ class _RunChild:
         if self.cuda:
             torch.cuda.set_device(self.device)
         self.times: dict[str, float] = {}
-        self.task = _import_file(payload["task"], "reference_task")
+        self.task = import_file(payload["task"], "reference_task")
         torch.manual_seed(payload["seed"])
         self.init_inputs = self.task.get_init_inputs()
 
@@ -619,7 +632,7 @@ def _run(payload: dict) -> dict:
             reference_seen = _own_kernel_share(reference, run.make_inputs(payload["seed"] + 1000), [])
     tamper = _TamperCheck(payload)
 
-    candidate = _import_file(payload["candidate"], "candidate")
+    candidate = import_file(payload["candidate"], "candidate")
     torch.manual_seed(payload["seed"])
     try:
         model = candidate.ModelNew(*run.init_inputs).to(run.device).eval()
@@ -993,53 +1006,6 @@ def library_records(folder: str | Path) -> list[dict]:
              "solution": f"{f.parent.name}/{f.name.removesuffix('.py')}"} for f in files]
 
 
-def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) -> list[str]:
-    """Why a task is degenerate, if it is: a kernel could pass it without computing what it asks.
-
-    Three outputs, from (init seed, input seed) = (42, 1), (42, 2) and (43, 1): the first must not be
-    nearly constant, must change with the inputs, and (where the model has parameters) with them."""
-    task = _import_file(str(path), "reference_task")
-
-    def output(init_seed: int, input_seed: int):
-        torch.manual_seed(init_seed)
-        init_inputs = task.get_init_inputs()
-        torch.manual_seed(init_seed)
-        model = task.Model(*init_inputs).to(device).eval()
-        torch.manual_seed(input_seed)
-        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
-        with torch.no_grad():
-            out = model(*inputs)
-        return [torch.as_tensor(o).double() for o in _flatten(out)], any(True for _ in model.parameters())
-
-    def same(a: list, b: list) -> bool:
-        return all(x.shape == y.shape and torch.allclose(x, y, atol=atol, rtol=rtol) for x, y in zip(a, b))
-
-    base, has_parameters = output(42, 1)
-    flags = []
-    if same(base, [torch.full_like(o, float(o.mean())) for o in base]):
-        flags.append("nearly constant output")
-    if same(base, output(42, 2)[0]):
-        flags.append("output does not depend on the inputs")
-    if has_parameters and same(base, output(43, 1)[0]):
-        flags.append("output does not depend on the parameters")
-    return flags
-
-
-def check_tasks(folder: str, device: str) -> int:
-    """Print a table of every task's flags; the number of flagged tasks."""
-    from tqdm import tqdm
-
-    tasks = load_tasks(folder)
-    flagged = 0
-    lines = ["| task | flags |", "|---|---|"]
-    for task_id, path in tqdm(tasks.items(), desc="checking tasks", file=sys.stderr):
-        flags = check_task(path, device)
-        flagged += bool(flags)
-        lines.append(f"| {task_id} | {'; '.join(flags) or 'ok'} |")
-    print("\n".join(lines) + f"\n\n{flagged} of {len(tasks)} tasks flagged", file=sys.stderr)
-    return flagged
-
-
 def read_records(source: str) -> list[dict]:
     """JSONL records from a file or stdin, each checked for `task` and `code`; one-line errors."""
     try:
@@ -1060,61 +1026,56 @@ def read_records(source: str) -> list[dict]:
     return records
 
 
-def main(argv=None):
-    defaults = EvalConfig()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def _field_docs(cls) -> dict[str, str]:
+    """Each dataclass field's docstring (the string right under it in the class source), on one line."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {a.target.id: " ".join(d.value.value.split()) for a, d in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant)}
+
+
+def _gpu_list(text: str) -> list[int]:
+    try:
+        return [int(g) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated integers, not {text!r}") from None
+
+
+FLAG_TYPES = {"str": str, "int": int, "float": float, "list[int] | None": _gpu_list}
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The input and output, then one flag per EvalConfig field, its help the field's docstring. Flags
+    default to None (not given), so that EvalConfig's defaults stay the only ones."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("input", nargs="?", help="JSONL of candidates (`task`, `code`); `-` for stdin; "
                    "default: the hand-written candidates in solutions/<device>/")
     p.add_argument("-o", "--output", help="append results here (resuming a run) instead of stdout")
-    p.add_argument("--device", default=defaults.device,
-                   help="cuda (CUDA candidates), cpu (C++ candidates) or auto (cuda when a GPU is visible)")
-    p.add_argument("--gpus", help="comma-separated GPU indices to use (default: all visible)")
-    p.add_argument("--tasks", help="task folder that task ids are resolved against (default: tasks/; for the "
-                   "CPU demo, the CPU-sized copies in tests/tasks/)")
-    p.add_argument("--correct-trials", type=int, default=defaults.correct_trials,
-                   help="fresh random input sets the candidate must match")
-    p.add_argument("--atol", type=float, default=defaults.atol, help="absolute tolerance")
-    p.add_argument("--rtol", type=float, default=defaults.rtol, help="relative tolerance")
-    p.add_argument("--timing-trials", type=int, default=defaults.timing_trials, help="timed runs per model")
-    p.add_argument("--timing-budget-s", type=float, default=defaults.timing_budget_s,
-                   help="time budget for the timed runs of one candidate (at least 10 trials)")
-    p.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed runs per model first")
-    p.add_argument("--compile-baseline", action="store_true", help="also time torch.compile(Model)")
-    p.add_argument("--min-own-kernel-share", type=float, default=defaults.min_own_kernel_share,
-                   help="least share of GPU time in the candidate's own kernels (profiled; 0 turns it off)")
-    p.add_argument("--seed", type=int, default=defaults.seed, help="seed before init inputs and each model")
-    p.add_argument("--compile-workers", type=int, default=defaults.compile_workers,
-                   help="candidates built at once")
-    p.add_argument("--spare-children", type=int, default=defaults.spare_children,
-                   help="checking children started ahead on each GPU (each holds a CUDA context while it waits)")
-    p.add_argument("--compile-timeout-s", type=float, default=defaults.compile_timeout_s,
-                   help="limit for building one candidate")
-    p.add_argument("--run-timeout-s", type=float, default=defaults.run_timeout_s,
-                   help="limit for checking and timing one candidate")
-    p.add_argument("--build-dir", default=defaults.build_dir, help="extension build cache")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--check-tasks", metavar="DIR", help="instead of evaluating, flag degenerate tasks in DIR "
-                   "(constant output, or insensitive to inputs or parameters); exit status 1 if any")
-    args = p.parse_args(argv)
-    if args.check_tasks:
-        sys.exit(1 if check_tasks(args.check_tasks, resolve_device(EvalConfig(device=args.device))[1][0]) else 0)
+    docs = _field_docs(EvalConfig)
+    for f in fields(EvalConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool" and f.default:
+            p.add_argument(f"--no-{flag[2:]}", dest=f.name, action="store_false", default=None, help=docs[f.name])
+        elif f.type == "bool":
+            p.add_argument(flag, action="store_true", default=None, help=docs[f.name])
+        else:
+            shown = "" if f.default is None else f" (default: {f.default})"
+            p.add_argument(flag, type=FLAG_TYPES[f.type], default=None, help=docs[f.name] + shown)
+    return p
 
-    try:
-        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
-    except ValueError:
-        raise SystemExit(f"error: --gpus takes comma-separated integers, not {args.gpus!r}")
-    demo_on_cpu = args.input is None and resolve_device(EvalConfig(device=args.device, gpus=gpus))[0] == "cpu"
-    tasks = args.tasks or str(ROOT / "tests" / "tasks" if demo_on_cpu else defaults.tasks)
-    cfg = EvalConfig(device=args.device, gpus=gpus, tasks=tasks, correct_trials=args.correct_trials,
-                     atol=args.atol, rtol=args.rtol, timing_trials=args.timing_trials,
-                     timing_budget_s=args.timing_budget_s, warmup=args.warmup,
-                     compile_baseline=args.compile_baseline, min_own_kernel_share=args.min_own_kernel_share,
-                     seed=args.seed,
-                     compile_workers=args.compile_workers, spare_children=args.spare_children,
-                     compile_timeout_s=args.compile_timeout_s,
-                     run_timeout_s=args.run_timeout_s, build_dir=args.build_dir, progress=not args.no_progress)
-    source = args.input
+
+def _config(args: argparse.Namespace) -> EvalConfig:
+    """The flags given, over EvalConfig's defaults; the CPU demo (no input, no --tasks) takes the CPU-sized
+    copies of the tasks in tests/tasks/."""
+    given = {f.name: getattr(args, f.name) for f in fields(EvalConfig) if getattr(args, f.name) is not None}
+    cfg = EvalConfig(**given)
+    if args.input is None and "tasks" not in given and resolve_device(cfg)[0] == "cpu":
+        cfg.tasks = str(ROOT / "tests" / "tasks")
+    return cfg
+
+
+def _input_records(source: str | None, cfg: EvalConfig) -> tuple[str, list[dict]]:
+    """(where they came from, the records): the JSONL input, or else the hand-written candidates; every task
+    id resolved up front, so that a typo stops the run before anything is built."""
     if source is None:
         kind, _ = resolve_device(cfg)
         source = f"solutions/{kind}"
@@ -1128,7 +1089,13 @@ def main(argv=None):
             resolve_task(str(record["task"]), index)
         except ValueError as e:
             raise SystemExit(f"error: {source}: record {number}: {e}")
+    return source, records
 
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    cfg = _config(args)
+    _, records = _input_records(args.input, cfg)
     done = 0
     if args.output and Path(args.output).exists():
         done = sum(1 for line in Path(args.output).read_text().splitlines() if line.strip())

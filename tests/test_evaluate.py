@@ -135,32 +135,16 @@ def test_an_unknown_task_is_a_clear_error():
         ev.resolve_task("level9/nope", ev.load_tasks(ROOT / "tasks"))
 
 
-DEGENERATE_TASK = """
-import torch
-import torch.nn as nn
+# -------------------------------------------------------------------------------------------- flags
 
-class Model(nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(n))
-
-    def forward(self, x):
-        return torch.softmax(x.sum(dim=1, keepdim=True), dim=1) * (1 + 0 * self.w)
-
-def get_inputs():
-    return [torch.randn(64, 32)]
-
-def get_init_inputs():
-    return [32]
-"""
-
-
-def test_the_task_check_flags_a_degenerate_task_and_passes_real_ones(tmp_path):
-    (tmp_path / "softmax_of_one.py").write_text(DEGENERATE_TASK)
-    assert ev.check_task(tmp_path / "softmax_of_one.py", "cpu") == [
-        "nearly constant output", "output does not depend on the inputs", "output does not depend on the parameters"]
-    for path in ev.load_tasks(ROOT / "tests" / "tasks").values():
-        assert ev.check_task(path, "cpu") == []
+def test_every_config_field_is_a_flag_with_its_docstring_as_help():
+    help_text = " ".join(ev._parser().format_help().split())
+    for name, doc in ev._field_docs(ev.EvalConfig).items():
+        assert doc in help_text, name
+    args = ev._parser().parse_args(["--gpus", "0,2", "--correct-trials", "7", "--no-progress", "--compile-baseline"])
+    cfg = ev._config(args)
+    assert (cfg.gpus, cfg.correct_trials, cfg.progress, cfg.compile_baseline) == ([0, 2], 7, False, True)
+    assert ev._config(ev._parser().parse_args(["in.jsonl"])) == ev.EvalConfig()
 
 
 # ------------------------------------------------------------------------- real builds and runs on the CPU
