@@ -16,7 +16,7 @@ Pipeline, per call of `evaluate(records)`:
      reference, each on its own clone of the inputs; shape, dtype, NaN/Inf and tolerance checks), the
      share of GPU time in the candidate's own kernels, then candidate and reference timed alternately in
      the same process (warm-up, L2 flush before each trial, CUDA events closed after a device-wide
-     synchronize, median).
+     synchronize, median, floored at the timer's resolution so that a speedup is always finite).
   A crash, illegal memory access, `sys.exit` or hang kills only that child; the result says so (isolation.py).
 
 The file reads in that order: config, tasks, the static rules, the checking inside the run child
@@ -712,6 +712,20 @@ def _first_lines(message: str, n: int = 4) -> str:
     return "\n".join(lines[:n])[:1500]
 
 
+# The finest time either timer tells apart: CUDA events resolve about 0.5 us (perf_counter, on the CPU, far
+# finer). A median below it cannot be told from zero, so both times are floored at it: a kernel too fast to
+# time gets a large but finite speedup ("at least this fast"), never an infinite one.
+TIMER_RESOLUTION_MS = 5e-4
+
+
+def speedup(reference_ms: float, candidate_ms: float) -> float:
+    """reference / candidate, each floored at TIMER_RESOLUTION_MS; 0.0 (no credit) if either is not a finite
+    number, which no timer gives."""
+    if not (math.isfinite(reference_ms) and math.isfinite(candidate_ms)):
+        return 0.0
+    return max(reference_ms, TIMER_RESOLUTION_MS) / max(candidate_ms, TIMER_RESOLUTION_MS)
+
+
 def make_result(status: str, feedback: str, **fields) -> dict:
     result = {"status": status, "compiled": status in ("runtime_error", "incorrect", "correct"),
               "correct": status == "correct", "runtime_ms": None, "ref_runtime_ms": None, "speedup": None,
@@ -741,15 +755,16 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
         return make_result("runtime_error", f"Runtime error: {message}" + (f"\n{frames}" if frames else ""))
     medians = outcome["medians"]
     cand, ref = medians["candidate"], medians["reference"]
-    speedup = ref / cand if cand > 0 else math.inf
+    ratio = speedup(ref, cand)
     extra = {}
     if "compiled" in medians:
-        extra = {"compile_ref_runtime_ms": medians["compiled"], "speedup_vs_compile": medians["compiled"] / cand}
+        extra = {"compile_ref_runtime_ms": medians["compiled"],
+                 "speedup_vs_compile": speedup(medians["compiled"], cand)}
     return make_result(
         "correct",
         f"Correct. Your kernel runs in {cand:.4g} ms against {ref:.4g} ms for the PyTorch reference: "
-        f"a speedup of {speedup:.2f}x. It can be made faster.",
-        runtime_ms=cand, ref_runtime_ms=ref, speedup=speedup, max_abs_diff=outcome["max_abs_diff"],
+        f"a speedup of {ratio:.2f}x. It can be made faster.",
+        runtime_ms=cand, ref_runtime_ms=ref, speedup=ratio, max_abs_diff=outcome["max_abs_diff"],
         time_s=outcome["times"], timing_trials=outcome["trials"], own_kernel_share=outcome["own_kernel_share"],
         **extra)
 
@@ -988,7 +1003,8 @@ def summary_table(evals: list[dict], records: list[dict]) -> str:
     counts = {s: sum(e["status"] == s for e in evals) for s in STATUSES}
     speedups = [e["speedup"] for e in evals if e["correct"]]
     lines += ["| status | count |", "|---|---|"] + [f"| {s} | {n} |" for s, n in counts.items() if n]
-    geomean = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else float("nan")
+    geomean = float("nan") if not speedups else 0.0 if min(speedups) == 0 else \
+        math.exp(sum(map(math.log, speedups)) / len(speedups))
     lines += [f"| **total** | {len(evals)} |", "",
               f"correct: {len(speedups)}/{len(evals)}; speedup over correct: geomean {geomean:.3f}x, "
               f"max {max(speedups, default=float('nan')):.3f}x; faster than eager: "

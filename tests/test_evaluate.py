@@ -135,7 +135,28 @@ def test_an_unknown_task_is_a_clear_error():
         ev.resolve_task("level9/nope", ev.load_tasks(ROOT / "tasks"))
 
 
-# -------------------------------------------------------------------------------------------- flags
+# ------------------------------------------------------------------------------------- speedup and CLI
+
+def test_a_time_below_the_timer_resolution_gives_a_large_finite_speedup():
+    assert ev.speedup(2.0, 1.0) == 2.0
+    assert ev.speedup(1.0, 0.0) == 1.0 / ev.TIMER_RESOLUTION_MS
+    assert ev.speedup(0.0, 0.0) == 1.0
+
+
+def test_a_time_that_is_not_a_finite_number_earns_no_speedup():
+    assert ev.speedup(1.0, float("nan")) == 0.0
+    assert ev.speedup(1.0, float("inf")) == 0.0
+    assert ev.speedup(float("nan"), 1.0) == 0.0
+
+
+def test_a_correct_kernel_timed_at_zero_gets_a_finite_speedup_in_its_result():
+    outcome = {"medians": {"candidate": 0.0, "reference": 0.1, "compiled": 0.05}, "trials": 10,
+               "max_abs_diff": 0.0, "times": {}, "own_kernel_share": None}
+    result = ev.build_feedback(outcome, build_root="/b", candidate_path="/c/solution.py", timeout_s=1)
+    assert result["status"] == "correct"
+    assert result["speedup"] == pytest.approx(200.0) and result["speedup_vs_compile"] == pytest.approx(100.0)
+    assert json.loads(json.dumps(result, allow_nan=False))["speedup"] == result["speedup"]
+
 
 def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     help_text = " ".join(ev._parser().format_help().split())
