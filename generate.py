@@ -42,6 +42,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
+from evaluate import FENCE, EvalConfig, evaluate, extract_code, load_tasks as index_tasks
+from tiny_model import build_tiny_model
+
 REPO = Path(__file__).resolve().parent
 SPLITS = REPO / "tasks" / "split.json"
 
@@ -250,8 +255,6 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
 
 def parse_reply(text: str) -> tuple[str | None, str | None]:
     """(code, summary): the block evaluate.py takes as the candidate, and the answer's text after it."""
-    from evaluate import FENCE, extract_code
-
     _, answer = split_reasoning(text)
     if "```" not in answer:  # evaluate would read fence-less text as source; a reply must fence its code
         return None, None
@@ -421,8 +424,6 @@ class Task:
 
 def load_tasks(tasks: str, split: str | None) -> list[Task]:
     """Tasks from a file or folder, or a split name of tasks/split.json; --split keeps only that split."""
-    from evaluate import load_tasks as index_tasks
-
     splits = json.loads(SPLITS.read_text()) if SPLITS.exists() else {}
     if not Path(tasks).exists():
         if tasks not in splits:
@@ -453,14 +454,16 @@ def read_done(out: Path) -> set[tuple[str, int]]:
 
 
 # ---------------------------------------------------------------- the loop
-def run_turn(records: list[dict], tasks: list[Task], backend, args: argparse.Namespace, eval_config) -> None:
-    """Add one turn to every trajectory record (record i solves tasks[i]): one generation and one evaluation batch."""
-    from evaluate import evaluate
+def run_turn(records: list[dict], tasks: list[Task], backend, eval_config: EvalConfig, *, seed: int | str,
+             device: str, context_budget: int) -> None:
+    """Add one turn to every trajectory record (record i solves tasks[i]): one generation and one evaluation batch.
 
+    `device` picks the kernel language the prompt asks for (cpu: C++); a reply's sampling seed comes from
+    `seed`, its task, trajectory and turn."""
     turn = len(records[0]["turns"])
-    prompts = [fit_prompt(task.source, record["turns"], args.device, args.context_budget, backend.count_tokens)
+    prompts = [fit_prompt(task.source, record["turns"], device, context_budget, backend.count_tokens)
                for task, record in zip(tasks, records)]
-    seeds = [zlib.crc32(f"{args.seed}/{r['task']}/{r['trajectory']}/{turn}".encode()) for r in records]
+    seeds = [zlib.crc32(f"{seed}/{r['task']}/{r['trajectory']}/{turn}".encode()) for r in records]
     replies = backend.generate(prompts, seeds)
     parsed = [parse_reply(reply.text) for reply in replies]
     # The evaluator gets the answer without its reasoning; a reply without code goes in as empty code,
@@ -497,8 +500,6 @@ def summary_table(records: list[dict]) -> str:
 def make_backend(args: argparse.Namespace):
     model = args.model
     if model == "tiny":
-        from tiny_model import build_tiny_model
-
         model = build_tiny_model()
     if args.backend == "hf":
         return HFBackend(model, args.temperature, args.max_tokens)
@@ -565,10 +566,6 @@ def main(argv=None, backend=None) -> None:
     print(f"{len(tasks)} tasks x {args.n_trajectories} trajectories: {len(done)} already in {out}, "
           f"{len(todo)} to run", file=sys.stderr)
     if todo:
-        from tqdm import tqdm
-
-        from evaluate import EvalConfig
-
         eval_config = EvalConfig(device=args.device, gpus=args.gpus)
         backend = backend or make_backend(args)
         size = (args.tasks_per_batch or len(tasks)) * args.n_trajectories
@@ -578,7 +575,8 @@ def main(argv=None, backend=None) -> None:
                 group_tasks = [task for task, _ in group]
                 records = [{"task": task.id, "trajectory": k, "turns": []} for task, k in group]
                 for _ in range(args.turns):
-                    run_turn(records, group_tasks, backend, args, eval_config)
+                    run_turn(records, group_tasks, backend, eval_config, seed=args.seed, device=args.device,
+                             context_budget=args.context_budget)
                     progress.update(1)
                 with out.open("a") as f:
                     for record in records:

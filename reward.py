@@ -2,17 +2,18 @@
 
 Reads trajectories written by generate.py and adds three floats to every turn:
   score      s = correct_weight * 1{correct} + speedup_weight * speedup * 1{correct}
-  return     R_t = sum_{i>=t} gamma^(i-t) s_i           (--mode sum, the paper's choice)
-             R_t = max_{i>=t} gamma^(i-t) s_i           (--mode max, the paper's alternative)
+  return     R_t = sum_{i>=t} gamma^(i-t) s_i           (--return-mode sum, the paper's choice)
+             R_t = max_{i>=t} gamma^(i-t) s_i           (--return-mode max, the paper's alternative)
   advantage  (R - mean) / (std + eps) over a group of turn-samples
 
 Paper defaults: correct_weight 0.3, speedup_weight 1.0 (speedup over PyTorch eager, no clipping),
 gamma 0.4 with the discounted sum, advantages normalised over all of a task's turn-samples
 (trajectories x turns). The paper found gamma 0.8 better for the discounted max at few turns.
+These live in `RewardConfig`; train.py takes its reward flags and their defaults from here.
 
 Run:
   python reward.py rollouts.jsonl > rewarded.jsonl
-  cat rollouts.jsonl | python reward.py - --mode max --gamma 0.8 > rewarded.jsonl
+  cat rollouts.jsonl | python reward.py - --return-mode max --gamma 0.8 > rewarded.jsonl
 
 Simplifications: a turn's position in its "turns" list is its turn index; trajectories of one task
 may have different numbers of turns and are pooled as they are. A group whose returns are all equal
@@ -20,26 +21,53 @@ gets advantage 0 everywhere (it carries no learning signal).
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Iterable
 
+RETURN_MODES = ("sum", "max")
 GROUP_BY = ("task", "task-turn", "trajectory")
 
 
+@dataclass(frozen=True)
+class RewardConfig:
+    """How a kernel is scored and a turn credited: the paper's defaults, written here only."""
+    correct_weight: float = 0.3
+    """score of any correct kernel"""
+    speedup_weight: float = 1.0
+    """score per unit of speedup over eager, correct kernels only (no clipping)"""
+    gamma: float = 0.4
+    """discount per turn (paper: 0.4 with the sum, 0.8 with the max)"""
+    return_mode: str = "sum"
+    """discounted sum or discounted max of later scores"""
+    group_by: str = "task"
+    """advantage groups: all of a task's turn-samples, a task's samples at one turn, or one trajectory"""
+    eps: float = 1e-6
+    """added to the std before dividing"""
+
+
 # ---------------------------------------------------------------- math
-def turn_score(result: dict, correct_weight: float = 0.3, speedup_weight: float = 1.0) -> float:
-    """Reward of one kernel (an eval record): only correct kernels earn anything, faster ones earn more."""
+def turn_score(result: dict, config: RewardConfig = RewardConfig()) -> float:
+    """Reward of one kernel (an eval record): only correct kernels earn anything, faster ones earn more.
+
+    The one check that a speedup is a finite number >= 0, for files and online rollouts alike: an infinite
+    one (a kernel timed at 0 ms) would make every return and advantage of its group inf or nan."""
     if not result["correct"]:
         return 0.0
-    return correct_weight + speedup_weight * float(result["speedup"])
+    speedup = result.get("speedup")
+    if not (isinstance(speedup, (int, float)) and math.isfinite(speedup) and speedup >= 0):
+        raise ValueError(f'correct but "speedup" is {speedup!r}, not a finite number >= 0')
+    return config.correct_weight + config.speedup_weight * float(speedup)
 
 
-def discounted_returns(scores: list[float], gamma: float = 0.4, mode: str = "sum") -> list[float]:
+def discounted_returns(scores: list[float], gamma: float = RewardConfig.gamma,
+                       mode: str = RewardConfig.return_mode) -> list[float]:
     """R_t = sum (or max) over i >= t of gamma^(i-t) s_i, so a turn is credited for what it led to."""
-    if mode not in ("sum", "max"):
+    if mode not in RETURN_MODES:
         raise ValueError(f"mode must be 'sum' or 'max', got {mode!r}")
     returns = [0.0] * len(scores)
     later = None  # R_{t+1}
@@ -54,7 +82,7 @@ def discounted_returns(scores: list[float], gamma: float = 0.4, mode: str = "sum
     return returns
 
 
-def normalise(returns: list[float], eps: float = 1e-6) -> list[float]:
+def normalise(returns: list[float], eps: float = RewardConfig.eps) -> list[float]:
     """(R - mean) / (std + eps) with the population std (divide by n, as GRPO does)."""
     if not returns:
         return []
@@ -76,21 +104,31 @@ def group_key(trajectory_index: int, task: str, turn: int, group_by: str) -> tup
     raise ValueError(f"group_by must be one of {GROUP_BY}, got {group_by!r}")
 
 
-def add_rewards(trajectories: list[dict], gamma: float = 0.4, mode: str = "sum",
-                correct_weight: float = 0.3, speedup_weight: float = 1.0,
-                group_by: str = "task", eps: float = 1e-6) -> list[dict]:
+def trajectory_scores(trajectory: dict, config: RewardConfig) -> list[float]:
+    """The score of each turn; a turn whose score cannot be computed is named in the error."""
+    scores = []
+    for t, turn in enumerate(trajectory["turns"]):
+        try:
+            scores.append(turn_score(turn["eval"], config))
+        except ValueError as error:
+            raise ValueError(f"task {trajectory['task']} trajectory {trajectory.get('trajectory')} "
+                             f"turn {t}: {error}") from None
+    return scores
+
+
+def add_rewards(trajectories: list[dict], config: RewardConfig = RewardConfig()) -> list[dict]:
     """Copies of the trajectories whose turns carry "score", "return" and "advantage"."""
     out = []
     groups = defaultdict(list)  # key -> [(trajectory index, turn index)]
     for i, trajectory in enumerate(trajectories):
-        scores = [turn_score(turn["eval"], correct_weight, speedup_weight) for turn in trajectory["turns"]]
-        returns = discounted_returns(scores, gamma, mode)
+        scores = trajectory_scores(trajectory, config)
+        returns = discounted_returns(scores, config.gamma, config.return_mode)
         turns = [{**turn, "score": s, "return": r} for turn, s, r in zip(trajectory["turns"], scores, returns)]
         out.append({**trajectory, "turns": turns})
         for t in range(len(turns)):
-            groups[group_key(i, trajectory["task"], t, group_by)].append((i, t))
+            groups[group_key(i, trajectory["task"], t, config.group_by)].append((i, t))
     for members in groups.values():
-        advantages = normalise([out[i]["turns"][t]["return"] for i, t in members], eps)
+        advantages = normalise([out[i]["turns"][t]["return"] for i, t in members], config.eps)
         for (i, t), advantage in zip(members, advantages):
             out[i]["turns"][t]["advantage"] = advantage
     return out
@@ -109,9 +147,10 @@ def check_trajectory(record) -> None:
         ev = turn.get("eval") if isinstance(turn, dict) else None
         if not isinstance(ev, dict) or not isinstance(ev.get("correct"), bool):
             raise ValueError(f'turn {t}: missing "eval" with a boolean "correct"')
-        speedup = ev.get("speedup")
-        if ev["correct"] and not (isinstance(speedup, (int, float)) and math.isfinite(speedup) and speedup >= 0):
-            raise ValueError(f'turn {t}: correct but "speedup" is {speedup!r}, not a finite number >= 0')
+        try:
+            turn_score(ev)
+        except ValueError as error:
+            raise ValueError(f"turn {t}: {error}") from None
 
 
 def read_trajectories(lines: Iterable[str], source: str) -> list[dict]:
@@ -161,29 +200,43 @@ def summary_table(trajectories: list[dict], group_by: str) -> str:
     return "\n".join(lines)
 
 
+def add_reward_flags(p: argparse.ArgumentParser) -> None:
+    """The flags reward.py and train.py share, their defaults RewardConfig's."""
+    defaults = RewardConfig()
+    p.add_argument("--gamma", type=float, default=defaults.gamma,
+                   help="discount per turn (paper: 0.4 with sum, 0.8 with max)")
+    p.add_argument("--return-mode", choices=RETURN_MODES, default=defaults.return_mode,
+                   help="discounted sum or discounted max of later scores")
+    p.add_argument("--correct-weight", type=float, default=defaults.correct_weight, help="score for any correct kernel")
+    p.add_argument("--speedup-weight", type=float, default=defaults.speedup_weight,
+                   help="score per unit of speedup over eager, correct kernels only")
+    p.add_argument("--group-by", choices=GROUP_BY, default=defaults.group_by,
+                   help="advantage groups: all of a task's turn-samples, a task's samples at one turn, or one trajectory")
+
+
+def reward_config(args: argparse.Namespace) -> RewardConfig:
+    """The config that the flags of `add_reward_flags` ask for; a gamma outside [0, 1] stops the run."""
+    if not 0.0 <= args.gamma <= 1.0:
+        raise SystemExit(f"--gamma must be in [0, 1], got {args.gamma}")
+    return RewardConfig(correct_weight=args.correct_weight, speedup_weight=args.speedup_weight, gamma=args.gamma,
+                        return_mode=args.return_mode, group_by=args.group_by)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("input", help="trajectory JSONL from generate.py, or - for stdin")
-    p.add_argument("--gamma", type=float, default=0.4, help="discount per turn (paper: 0.4 with sum, 0.8 with max)")
-    p.add_argument("--mode", choices=("sum", "max"), default="sum", help="discounted sum or discounted max of later scores")
-    p.add_argument("--correct-weight", type=float, default=0.3, help="score for any correct kernel")
-    p.add_argument("--speedup-weight", type=float, default=1.0, help="score per unit of speedup over eager, correct kernels only")
-    p.add_argument("--group-by", choices=GROUP_BY, default="task",
-                   help="advantage groups: all of a task's turn-samples, a task's samples at one turn, or one trajectory")
-    p.add_argument("--eps", type=float, default=1e-6, help="added to the std before dividing")
+    add_reward_flags(p)
+    p.add_argument("--eps", type=float, default=RewardConfig.eps, help="added to the std before dividing")
     args = p.parse_args(argv)
-    if not 0.0 <= args.gamma <= 1.0:
-        raise SystemExit(f"--gamma must be in [0, 1], got {args.gamma}")
     if args.eps <= 0:
         raise SystemExit(f"--eps must be > 0, got {args.eps}")
+    config = dataclasses.replace(reward_config(args), eps=args.eps)
 
-    trajectories = add_rewards(load_trajectories(args.input), args.gamma, args.mode, args.correct_weight,
-                               args.speedup_weight, args.group_by, args.eps)
+    trajectories = add_rewards(load_trajectories(args.input), config)
     for trajectory in trajectories:
         sys.stdout.write(json.dumps(trajectory) + "\n")
-    print(summary_table(trajectories, args.group_by), file=sys.stderr)
-
+    print(summary_table(trajectories, config.group_by), file=sys.stderr)
 
 if __name__ == "__main__":
     main()

@@ -204,7 +204,8 @@ def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path:
         def step(states: list[dict]) -> list[dict]:
             for position, state in enumerate(states):
                 state["trajectory"] = position  # copies of one beam draw their own samples
-            generate.run_turn(states, [task] * len(states), backend, args, eval_config)
+            generate.run_turn(states, [task] * len(states), backend, eval_config, seed=args.seed, device=args.device,
+                              context_budget=args.context_budget)
             return states
 
         final = beam_search([{"task": task.id, "trajectory": k, "turns": []} for k in range(width)], step, turns, keep)

@@ -58,10 +58,16 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import reward
+from batching import Sample, collate, reply_logits, token_logprobs
 from evaluate import EvalConfig
-from generate import HFBackend, VLLMBackend, load_tasks, run_turn
+from generate import HFBackend, Task, VLLMBackend, load_tasks, run_turn
+from tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parent
 # Sizes: the paper's for a real model on a GPU; a demo of minutes for the tiny model or on a CPU.
@@ -73,12 +79,6 @@ CPU_PLACE = {"tasks": str(REPO / "tests" / "tasks"), "eval_device": "cpu", "bf16
 
 
 # ---------------------------------------------------------------- the loss: small pure functions
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / temperature) at `tokens`: the log-prob of each token under the sampling distribution."""
-    logits = logits.float() / temperature
-    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
 def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Entropy of softmax(logits / temperature) at each position: falling fast means collapse, rising means junk."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -114,14 +114,6 @@ def learning_rate(update: int, total_updates: int, peak: float, warmup_ratio: fl
 
 
 # ---------------------------------------------------------------- samples and batches
-@dataclass
-class Sample:
-    prompt_ids: list[int]
-    reply_ids: list[int]
-    old_logprobs: list[float] | None  # sampling log-probs of the reply tokens; None: take the policy's
-    advantage: float
-
-
 def turn_samples(trajectories: list[dict]) -> list[Sample]:
     """One sample per turn of rewarded trajectories."""
     samples = []
@@ -139,32 +131,6 @@ def turn_samples(trajectories: list[dict]) -> list[Sample]:
     return samples
 
 
-def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Left-padded prompt + reply rows; the last `width` positions (the longest reply) are the targets.
-
-    Left padding puts every reply at the end of its row, so logits are needed for the last width + 1
-    positions only (`logits_to_keep`: long prompts cost no vocabulary-sized logits). Position ids count
-    real tokens only, as in generation, so the policy's log-probs match the sampling ones."""
-    width = max(1, max(len(s.reply_ids) for s in samples))
-    length = max(len(s.prompt_ids) + len(s.reply_ids) for s in samples)
-    input_ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(samples), length), dtype=torch.long)
-    reply_mask = torch.zeros((len(samples), width), dtype=torch.bool)
-    old_logprobs = torch.full((len(samples), width), float("nan"))
-    for i, s in enumerate(samples):
-        ids = s.prompt_ids + s.reply_ids
-        input_ids[i, length - len(ids):] = torch.tensor(ids)
-        attention_mask[i, length - len(ids):] = 1
-        if s.reply_ids:
-            reply_mask[i, width - len(s.reply_ids):] = True
-            if s.old_logprobs is not None:
-                old_logprobs[i, width - len(s.reply_ids):] = torch.tensor(s.old_logprobs)
-    return {"input_ids": input_ids, "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0), "targets": input_ids[:, length - width:],
-            "reply_mask": reply_mask, "old_logprobs": old_logprobs,
-            "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
-
-
 def micro_batches(samples: list[Sample], size: int, count: int) -> list[list[Sample]]:
     """Exactly `count` micro-batches of at most `size` samples, similar lengths together (less padding).
 
@@ -174,14 +140,6 @@ def micro_batches(samples: list[Sample], size: int, count: int) -> list[list[Sam
     if len(chunks) > count:
         raise ValueError(f"{len(samples)} samples do not fit in {count} micro-batches of {size}")
     return chunks + [[] for _ in range(count - len(chunks))]
-
-
-def reply_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Logits that predict each target position (batch, width, vocab)."""
-    width = batch["targets"].shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], logits_to_keep=width + 1, use_cache=False)
-    return out.logits[:, :-1]
 
 
 def grpo_loss(model, batch: dict[str, torch.Tensor], temperature: float, eps_low: float, eps_high: float,
@@ -309,8 +267,6 @@ def policy_for_generation(accelerator, model):
 
 def is_sharded(accelerator) -> bool:
     """FSDP or ZeRO-3: parameters live in shards and every forward pass is a collective."""
-    from accelerate.utils import DistributedType
-
     plugin = accelerator.state.deepspeed_plugin
     return accelerator.distributed_type == DistributedType.FSDP or (plugin is not None and plugin.zero_stage == 3)
 
@@ -341,11 +297,10 @@ class ColocatedVLLM(VLLMBackend):
     trained; vLLM's sleep mode exists on GPUs only. After an update, set `policy`: its weights are
     pushed into the engine before it generates again."""
 
-    def __init__(self, model_path: str, args: argparse.Namespace):
+    def __init__(self, model_path: str, temperature: float, max_tokens: int, memory_utilization: float, seed: int):
         self.sleeps = torch.cuda.is_available()
         self.policy = None
-        super().__init__(model_path, args.temperature, args.max_tokens, 1, args.gpu_memory_utilization, args.seed,
-                         enable_sleep_mode=self.sleeps)
+        super().__init__(model_path, temperature, max_tokens, 1, memory_utilization, seed, enable_sleep_mode=self.sleeps)
         if self.sleeps:
             self.llm.sleep(level=1)
 
@@ -406,13 +361,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rollouts", default=None,
                    help="offline: update from this trajectory JSONL instead of rolling out; turns without an "
                         "advantage get reward.py's; one step per --tasks-per-step tasks of the file")
-    # reward (reward.py)
-    p.add_argument("--gamma", type=float, default=0.4, help="discount per turn")
-    p.add_argument("--return-mode", choices=["sum", "max"], default="sum", help="discounted sum or max of later scores")
-    p.add_argument("--correct-weight", type=float, default=0.3, help="score of any correct kernel")
-    p.add_argument("--speedup-weight", type=float, default=1.0, help="score per unit of speedup, correct kernels only")
-    p.add_argument("--group-by", choices=reward.GROUP_BY, default="task",
-                   help="which turn-samples an advantage is normalised over")
+    # reward: reward.py's flags and defaults
+    reward.add_reward_flags(p)
     # optimisation
     p.add_argument("--steps", type=int, default=None,
                    help="steps (rollout + updates); default 40 with a GPU, 3 without; offline: all of the file")
@@ -452,79 +402,80 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise SystemExit("--eps-low, --eps-high, --beta, --lr, --warmup-ratio and --lora-rank must not be negative")
     if args.temperature <= 0 or args.max_grad_norm <= 0:
         raise SystemExit("--temperature and --max-grad-norm must be positive")
-    if not 0.0 <= args.gamma <= 1.0:
-        raise SystemExit(f"--gamma must be in [0, 1], got {args.gamma}")
+    args.reward = reward.reward_config(args)
     if args.backend == "vllm" and args.lora_rank:
         raise SystemExit("--backend vllm takes full weights: it cannot be combined with --lora-rank")
     return args
 
 
-# ---------------------------------------------------------------- the loop
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    from accelerate import Accelerator, PartialState
-    from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
-    from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+# ---------------------------------------------------------------- setup
+@dataclass
+class Run:
+    """What setup builds once and every step uses."""
+    accelerator: Accelerator
+    model: torch.nn.Module  # the policy, as accelerate prepared it
+    optimizer: torch.optim.Optimizer
+    tokenizer: object
+    pad_id: int
+    ref_model: torch.nn.Module | None  # frozen reference for the KL term (--beta > 0 only)
+    backend: ColocatedVLLM | None  # None: generate with the policy itself
+    eval_config: EvalConfig
+    accumulation: int  # micro-batches per update, the same on every rank
+    steps: int
+    plan: list[list[list[dict]]] | None  # offline: each step's tasks, each a list of its trajectories
+    tasks: dict[str, Task] | None  # online: the tasks to pick from, by id
+    output_dir: Path
+    log_path: Path
 
-    on_gpu = torch.cuda.is_available()
-    # A rank waits at the next collective while the slowest rank's kernels are being evaluated.
-    state = PartialState(cpu=not on_gpu, timeout=timedelta(hours=3))
-    world, rank = state.num_processes, state.process_index
-    if args.backend == "vllm" and world > 1:
-        raise SystemExit("--backend vllm runs in one process only; use the hf backend with accelerate launch")
 
-    # What each step trains on decides how many micro-batches an update takes on every rank.
-    if args.rollouts:
-        trajectories = reward.load_trajectories(args.rollouts)
-        if not all({"score", "return", "advantage"} <= set(turn) for record in trajectories for turn in record["turns"]):
-            trajectories = reward.add_rewards(trajectories, args.gamma, args.return_mode, args.correct_weight,
-                                              args.speedup_weight, args.group_by)
-        try:
-            turn_samples(trajectories)
-        except ValueError as error:
-            raise SystemExit(f"--rollouts {args.rollouts}: {error}") from None
-        plan = offline_steps(trajectories, args.tasks_per_step)[:args.steps]
-        if not plan:
-            raise SystemExit(f"--rollouts {args.rollouts}: no trajectories")
-        per_rank = max(sum(len(t["turns"]) for group in step[r::world] for t in group)
-                       for step in plan for r in range(world))
-        steps = len(plan)
-    else:
-        tasks = {task.id: task for task in load_tasks(args.tasks, args.split)}
-        if args.tasks_per_step % world:
-            raise SystemExit(f"--tasks-per-step {args.tasks_per_step} does not divide over {world} processes")
-        if args.tasks_per_step > len(tasks):
-            raise SystemExit(f"--tasks-per-step {args.tasks_per_step} but --tasks {args.tasks} has {len(tasks)} tasks")
-        per_rank = args.tasks_per_step // world * args.n_trajectories * args.turns
-        steps = args.steps
-    accumulation = max(1, math.ceil(per_rank / args.micro_batch_size))
+def offline_plan(args: argparse.Namespace, world: int) -> tuple[list[list[list[dict]]], int]:
+    """The --rollouts file cut into steps (rewards added where missing), and the most turn-samples one rank
+    gets in a step."""
+    trajectories = reward.load_trajectories(args.rollouts)
+    if not all({"score", "return", "advantage"} <= set(turn) for record in trajectories for turn in record["turns"]):
+        trajectories = reward.add_rewards(trajectories, args.reward)
+    try:
+        turn_samples(trajectories)
+    except ValueError as error:
+        raise SystemExit(f"--rollouts {args.rollouts}: {error}") from None
+    plan = offline_steps(trajectories, args.tasks_per_step)[:args.steps]
+    if not plan:
+        raise SystemExit(f"--rollouts {args.rollouts}: no trajectories")
+    per_rank = max(sum(len(t["turns"]) for group in step[r::world] for t in group)
+                   for step in plan for r in range(world))
+    return plan, per_rank
+
+
+def online_tasks(args: argparse.Namespace, world: int) -> tuple[dict[str, Task], int]:
+    """The tasks to roll out on, and the turn-samples one rank rolls out in a step."""
+    tasks = {task.id: task for task in load_tasks(args.tasks, args.split)}
+    if args.tasks_per_step % world:
+        raise SystemExit(f"--tasks-per-step {args.tasks_per_step} does not divide over {world} processes")
+    if args.tasks_per_step > len(tasks):
+        raise SystemExit(f"--tasks-per-step {args.tasks_per_step} but --tasks {args.tasks} has {len(tasks)} tasks")
+    return tasks, args.tasks_per_step // world * args.n_trajectories * args.turns
+
+
+def make_accelerator(args: argparse.Namespace, accumulation: int, on_gpu: bool) -> Accelerator:
+    """The Accelerator for the launch config (DDP, FSDP 2, ZeRO-3), refusing what the loop does not support."""
     # Micro-batches per update come from --micro-batch-size, not from the launch config (DeepSpeed reads these).
     os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(accumulation)
     os.environ["ACCELERATE_GRADIENT_CLIPPING"] = str(args.max_grad_norm)
-
     output_dir = Path(args.output_dir)
     accelerator = Accelerator(cpu=not on_gpu, mixed_precision="bf16" if args.bf16 else "no",
                               gradient_accumulation_steps=accumulation,
                               log_with=None if args.report_to == "none" else args.report_to,
                               project_config=ProjectConfiguration(project_dir=str(output_dir),
                                                                   logging_dir=str(output_dir / "logs")))
-    print0 = accelerator.print
     if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
         raise SystemExit("FSDP 1 is not supported: set fsdp_version: 2 (configs/fsdp.yaml)")
     if args.beta > 0 and is_sharded(accelerator):
         raise SystemExit("--beta > 0 needs a full reference model on every rank: use DDP, not FSDP or ZeRO-3")
-    set_seed(args.seed)
+    return accelerator
 
-    # ------------------------------------------------ model, optimizer
-    model_path = args.model
-    if model_path == "tiny":
-        from tiny_model import build_tiny_model
 
-        with accelerator.main_process_first():
-            model_path = build_tiny_model()
-    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: str):
+    """(model, optimizer), prepared by accelerate: the whole model or its LoRA adapters, in training mode."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -539,140 +490,218 @@ def main(argv=None) -> None:
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = args.micro_batch_size
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
+    return model, optimizer
+
+
+def setup(args: argparse.Namespace) -> Run:
+    """Processes, the step plan, the policy and its optimizer, the reference model, the vLLM engine."""
+    on_gpu = torch.cuda.is_available()
+    # A rank waits at the next collective while the slowest rank's kernels are being evaluated.
+    state = PartialState(cpu=not on_gpu, timeout=timedelta(hours=3))
+    world = state.num_processes
+    if args.backend == "vllm" and world > 1:
+        raise SystemExit("--backend vllm runs in one process only; use the hf backend with accelerate launch")
+    # What each step trains on decides how many micro-batches an update takes on every rank.
+    plan, tasks = None, None
+    if args.rollouts:
+        plan, per_rank = offline_plan(args, world)
+    else:
+        tasks, per_rank = online_tasks(args, world)
+    accumulation = max(1, math.ceil(per_rank / args.micro_batch_size))
+    accelerator = make_accelerator(args, accumulation, on_gpu)
+    set_seed(args.seed)
+
+    model_path = args.model
+    if model_path == "tiny":
+        with accelerator.main_process_first():
+            model_path = build_tiny_model()
+    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    model, optimizer = load_policy(args, accelerator, model_path)
     ref_model = None
     if args.beta > 0:
         ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(accelerator.device).eval()
         ref_model.requires_grad_(False)
-    backend = ColocatedVLLM(model_path, args) if args.backend == "vllm" else None
+    backend = ColocatedVLLM(model_path, args.temperature, args.max_tokens, args.gpu_memory_utilization,
+                            args.seed) if args.backend == "vllm" else None
+    eval_config = EvalConfig(device=args.eval_device, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
+                             compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False)
+    return Run(accelerator, model, optimizer, tokenizer,
+               tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+               ref_model, backend, eval_config, accumulation, len(plan) if plan else args.steps, plan, tasks,
+               Path(args.output_dir), Path(args.log))
 
-    # ------------------------------------------------ resume
+
+def resume(args: argparse.Namespace, run: Run) -> tuple[int, Counter]:
+    """(steps done, first words seen) from the last checkpoint with --resume, else (0, nothing); the metrics
+    log keeps the lines of the steps done only."""
     start, first_words = 0, Counter()
     if args.resume:
-        checkpoint = latest_checkpoint(output_dir)
+        checkpoint = latest_checkpoint(run.output_dir)
         if checkpoint is None:
-            raise SystemExit(f"--resume: no checkpoint in {output_dir / 'checkpoints'}")
-        accelerator.load_state(str(checkpoint))
+            raise SystemExit(f"--resume: no checkpoint in {run.output_dir / 'checkpoints'}")
+        run.accelerator.load_state(str(checkpoint))
         saved = json.loads((checkpoint / "trainer_state.json").read_text())
         start, first_words = saved["step"], Counter(saved["first_words"])
-        if backend is not None:
-            backend.policy = accelerator.unwrap_model(model)
-        print0(f"resumed from {checkpoint} after step {start}")
-    log_path = Path(args.log)
-    if accelerator.is_main_process:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        kept = [line for line in log_path.read_text().splitlines() if json.loads(line)["step"] <= start] \
-            if args.resume and log_path.exists() else []
-        log_path.write_text("".join(line + "\n" for line in kept))
-    accelerator.init_trackers("kevin-grpo", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
-                                                     for k, v in vars(args).items()})
+        if run.backend is not None:
+            run.backend.policy = run.accelerator.unwrap_model(run.model)
+        run.accelerator.print(f"resumed from {checkpoint} after step {start}")
+    if run.accelerator.is_main_process:
+        run.log_path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [line for line in run.log_path.read_text().splitlines() if json.loads(line)["step"] <= start] \
+            if args.resume and run.log_path.exists() else []
+        run.log_path.write_text("".join(line + "\n" for line in kept))
+    return start, first_words
 
-    eval_config = EvalConfig(device=args.eval_device, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
-                             compile_workers=max(1, len(os.sched_getaffinity(0)) // state.num_processes), progress=False)
-    total_updates = steps * args.updates_per_batch
+
+# ---------------------------------------------------------------- one step
+@dataclass
+class Rollouts:
+    """One step's rollouts as this rank sees them."""
+    trajectories: list[dict]  # this rank's, rewarded
+    samples: int  # turn-samples of the whole step, over all ranks
+    tasks: list[str]  # the step's task ids
+
+
+def roll_out(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
+    """This rank's share of the step: its tasks rolled out with the policy and rewarded, or its part of the file."""
+    world, rank = run.accelerator.num_processes, run.accelerator.process_index
+    if run.plan is not None:
+        groups = run.plan[step]
+        return Rollouts([t for group in groups[rank::world] for t in group],
+                        sum(len(t["turns"]) for group in groups for t in group), [group[0]["task"] for group in groups])
+    picked = pick_tasks(list(run.tasks), args.tasks_per_step, args.seed, step)
+    my_tasks = [run.tasks[task_id] for task_id in picked[rank::world]]
+    records = [{"task": task.id, "trajectory": k, "turns": []} for task in my_tasks for k in range(args.n_trajectories)]
+    record_tasks = [task for task in my_tasks for _ in range(args.n_trajectories)]
+    with policy_for_generation(run.accelerator, run.model) as policy:
+        generator = run.backend or HFBackend(policy, args.temperature, args.max_tokens, tokenizer=run.tokenizer,
+                                             synced_gpus=is_sharded(run.accelerator) and world > 1)
+        for _ in range(args.turns):
+            run_turn(records, record_tasks, generator, run.eval_config, seed=f"{args.seed}/{step}",
+                     device=args.eval_device, context_budget=args.context_budget)
+    return Rollouts(reward.add_rewards(records, args.reward), args.tasks_per_step * args.n_trajectories * args.turns,
+                    picked)
+
+
+def update(args: argparse.Namespace, run: Run, step: int,
+           rollouts: Rollouts) -> tuple[torch.Tensor, list[float], float]:
+    """--updates-per-batch gradient steps on the rollouts: (this rank's summed loss, tokens, clipped, entropy
+    and kl; the gradient norm of each step; the last learning rate)."""
+    accelerator, model = run.accelerator, run.model
+    samples = turn_samples(rollouts.trajectories)
+    # DDP averages over ranks: the global sum / (max tokens x samples)
+    constant = args.max_tokens * rollouts.samples / accelerator.num_processes
+    chunks = micro_batches(samples, args.micro_batch_size, run.accumulation)
+    totals = torch.zeros(5, device=accelerator.device)  # loss, tokens, clipped, entropy, kl
+    grad_norms = []
+    for update_index in range(args.updates_per_batch):
+        lr = learning_rate(step * args.updates_per_batch + update_index, run.steps * args.updates_per_batch, args.lr,
+                           args.warmup_ratio)
+        for group in run.optimizer.param_groups:
+            group["lr"] = lr
+        for chunk in chunks:
+            with accelerator.accumulate(model):
+                if chunk:
+                    loss, stats = micro_batch_loss(args, run, chunk, constant)
+                    totals += stats
+                else:
+                    loss = idle_loss(model, run.pad_id, accelerator.device)
+                # accelerate divides by the accumulation steps; the loss is already normalised
+                accelerator.backward(loss * run.accumulation)
+                if accelerator.sync_gradients:
+                    norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP 2: a DTensor
+                    grad_norms.append(float(norm) if norm is not None else float("nan"))
+                run.optimizer.step()
+                run.optimizer.zero_grad()
+    if run.backend is not None:
+        run.backend.policy = accelerator.unwrap_model(model)
+    return totals, grad_norms, lr
+
+
+def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], constant: float):
+    """(loss, [loss, tokens, clipped, entropy, kl]) of one micro-batch. Samples without sampling log-probs
+    keep the policy's from this first pass, so later updates see the pre-update policy as old."""
+    batch = {k: v.to(run.accelerator.device) for k, v in collate(chunk, run.pad_id).items()}
+    loss, stats, old = grpo_loss(run.model, batch, args.temperature, args.eps_low, args.eps_high, constant, args.beta,
+                                 run.ref_model)
+    for sample, row, keep in zip(chunk, old.tolist(), batch["reply_mask"].tolist()):
+        if sample.old_logprobs is None:
+            sample.old_logprobs = [lp for lp, k in zip(row, keep) if k]
+    return loss, torch.stack([loss.detach(), stats["tokens"], stats["clipped"], stats["entropy"],
+                              stats.get("kl", torch.zeros((), device=loss.device))]).float()
+
+
+def log_step(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts, totals: torch.Tensor,
+             grad_norms: list[float], lr: float, seconds: dict[str, float], first_words: Counter) -> dict:
+    """The step's metrics over all ranks, sent to the trackers and appended to the metrics log."""
+    accelerator, world = run.accelerator, run.accelerator.num_processes
+    rows = gather_object(rollout_rows(rollouts.trajectories))
+    checksums = gather_object([parameter_checksum(run.model)])
+    placement = gather_object([{"device": str(accelerator.device), "eval_gpus": run.eval_config.gpus}])
+    totals = accelerator.reduce(totals, "sum").tolist()
+    first_words.update(r["first_word"] for r in rows)
+    usual = first_words.most_common(1)[0][0]
+    tokens = max(totals[1], 1.0)
+    metrics = {**rollout_metrics(rows, usual, args.max_tokens),
+               "train/loss": totals[0] / (world * args.updates_per_batch),
+               "train/clip_ratio": totals[2] / tokens, "train/entropy": totals[3] / tokens,
+               "train/kl": totals[4] / tokens, "train/grad_norm": sum(grad_norms) / len(grad_norms),
+               "train/lr": lr, "time/rollout_s": seconds["rollout"], "time/update_s": seconds["update"]}
+    accelerator.log(metrics, step=step + 1)
+    if accelerator.is_main_process:
+        with run.log_path.open("a") as f:
+            f.write(json.dumps({"step": step + 1, "tasks": rollouts.tasks, "samples": rollouts.samples,
+                                "usual_first_word": usual, **metrics, "checksum_per_rank": checksums,
+                                "placement_per_rank": placement}) + "\n")
+    return metrics
+
+
+def save_checkpoint(run: Run, steps_done: int, first_words: Counter) -> None:
+    """accelerate's state, with the step count and the first words seen: what --resume reads back."""
+    checkpoint = run.output_dir / "checkpoints" / f"step_{steps_done:06d}"
+    run.accelerator.save_state(str(checkpoint))
+    if run.accelerator.is_main_process:
+        (checkpoint / "trainer_state.json").write_text(
+            json.dumps({"step": steps_done, "first_words": dict(first_words)}))
+
+
+def save_final(run: Run) -> None:
+    """The trained model and its tokenizer in OUTPUT_DIR/final; the vLLM engine shut down."""
+    state_dict = run.accelerator.get_state_dict(run.model)
+    if run.accelerator.is_main_process:
+        run.accelerator.unwrap_model(run.model).save_pretrained(run.output_dir / "final", state_dict=state_dict)
+        run.tokenizer.save_pretrained(run.output_dir / "final")
+    if run.backend is not None:  # before the process group goes: the engine's shutdown tears down its own groups
+        run.backend.llm.llm_engine.engine_core.shutdown()
+
+
+# ---------------------------------------------------------------- the loop
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    run = setup(args)
+    start, first_words = resume(args, run)
+    run.accelerator.init_trackers("kevin-grpo", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                                                         for k, v in vars(args).items()})
     history = []
-    bar = tqdm(range(start, steps), initial=start, total=steps, desc="train", unit="step",
-               disable=not accelerator.is_main_process, file=sys.stderr)
+    bar = tqdm(range(start, run.steps), initial=start, total=run.steps, desc="train", unit="step",
+               disable=not run.accelerator.is_main_process, file=sys.stderr)
     for step in bar:
-        # ------------------------------------------------ rollouts (or this step's share of the file)
         started = time.perf_counter()
-        if args.rollouts:
-            mine = [t for group in plan[step][rank::world] for t in group]
-            n_samples = sum(len(t["turns"]) for group in plan[step] for t in group)
-            picked = [group[0]["task"] for group in plan[step]]
-        else:
-            picked = pick_tasks(list(tasks), args.tasks_per_step, args.seed, step)
-            my_tasks = [tasks[task_id] for task_id in picked[rank::world]]
-            records = [{"task": task.id, "trajectory": k, "turns": []} for task in my_tasks
-                       for k in range(args.n_trajectories)]
-            record_tasks = [task for task in my_tasks for _ in range(args.n_trajectories)]
-            turn_args = argparse.Namespace(seed=f"{args.seed}/{step}", device=args.eval_device,
-                                           context_budget=args.context_budget)
-            with policy_for_generation(accelerator, model) as policy:
-                generator = backend or HFBackend(policy, args.temperature, args.max_tokens, tokenizer=tokenizer,
-                                                 synced_gpus=is_sharded(accelerator) and world > 1)
-                for _ in range(args.turns):
-                    run_turn(records, record_tasks, generator, turn_args, eval_config)
-            mine = reward.add_rewards(records, args.gamma, args.return_mode, args.correct_weight,
-                                      args.speedup_weight, args.group_by)
-            n_samples = args.tasks_per_step * args.n_trajectories * args.turns
-        rollout_s = time.perf_counter() - started
-
-        # ------------------------------------------------ updates
-        started = time.perf_counter()
-        samples = turn_samples(mine)
-        constant = args.max_tokens * n_samples / world  # DDP averages over ranks: the global sum / (max x N)
-        chunks = micro_batches(samples, args.micro_batch_size, accumulation)
-        totals = torch.zeros(5, device=accelerator.device)  # loss, tokens, clipped, entropy, kl
-        grad_norms = []
-        for update in range(args.updates_per_batch):
-            lr = learning_rate(step * args.updates_per_batch + update, total_updates, args.lr, args.warmup_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            for chunk in chunks:
-                with accelerator.accumulate(model):
-                    if chunk:
-                        batch = {k: v.to(accelerator.device) for k, v in collate(chunk, pad_id).items()}
-                        loss, stats, old = grpo_loss(model, batch, args.temperature, args.eps_low, args.eps_high,
-                                                     constant, args.beta, ref_model)
-                        for sample, row, keep in zip(chunk, old.tolist(), batch["reply_mask"].tolist()):
-                            if sample.old_logprobs is None:  # later updates see the pre-update policy as old
-                                sample.old_logprobs = [lp for lp, k in zip(row, keep) if k]
-                        totals += torch.stack([loss.detach(), stats["tokens"], stats["clipped"], stats["entropy"],
-                                               stats.get("kl", torch.zeros((), device=loss.device))]).float()
-                    else:
-                        loss = idle_loss(model, pad_id, accelerator.device)
-                    # accelerate divides by the accumulation steps; the loss is already normalised
-                    accelerator.backward(loss * accumulation)
-                    if accelerator.sync_gradients:
-                        norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP 2: a DTensor
-                        grad_norms.append(float(norm) if norm is not None else float("nan"))
-                    optimizer.step()
-                    optimizer.zero_grad()
-        if backend is not None:
-            backend.policy = accelerator.unwrap_model(model)
-        update_s = time.perf_counter() - started
-
-        # ------------------------------------------------ metrics
-        rows = gather_object(rollout_rows(mine))
-        checksums = gather_object([parameter_checksum(model)])
-        placement = gather_object([{"device": str(accelerator.device), "eval_gpus": eval_config.gpus}])
-        totals = accelerator.reduce(totals, "sum").tolist()
-        first_words.update(r["first_word"] for r in rows)
-        usual = first_words.most_common(1)[0][0]
-        tokens = max(totals[1], 1.0)
-        metrics = {**rollout_metrics(rows, usual, args.max_tokens),
-                   "train/loss": totals[0] / (world * args.updates_per_batch),
-                   "train/clip_ratio": totals[2] / tokens, "train/entropy": totals[3] / tokens,
-                   "train/kl": totals[4] / tokens, "train/grad_norm": sum(grad_norms) / len(grad_norms),
-                   "train/lr": lr, "time/rollout_s": rollout_s, "time/update_s": update_s}
+        rollouts = roll_out(args, run, step)
+        rolled_out = time.perf_counter()
+        totals, grad_norms, lr = update(args, run, step, rollouts)
+        seconds = {"rollout": rolled_out - started, "update": time.perf_counter() - rolled_out}
+        metrics = log_step(args, run, step, rollouts, totals, grad_norms, lr, seconds, first_words)
         history.append({"step": step + 1, **metrics})
-        accelerator.log(metrics, step=step + 1)
-        if accelerator.is_main_process:
-            with log_path.open("a") as f:
-                f.write(json.dumps({"step": step + 1, "tasks": picked, "samples": n_samples, "usual_first_word": usual,
-                                    **metrics, "checksum_per_rank": checksums, "placement_per_rank": placement}) + "\n")
         bar.set_postfix(score=f"{metrics['reward/score']:.3f}", correct=f"{metrics['reward/correct']:.0%}")
-
-        # ------------------------------------------------ checkpoint
-        if (step + 1) % args.save_every == 0 or step + 1 == steps:
-            checkpoint = output_dir / "checkpoints" / f"step_{step + 1:06d}"
-            accelerator.save_state(str(checkpoint))
-            if accelerator.is_main_process:
-                (checkpoint / "trainer_state.json").write_text(
-                    json.dumps({"step": step + 1, "first_words": dict(first_words)}))
+        if (step + 1) % args.save_every == 0 or step + 1 == run.steps:
+            save_checkpoint(run, step + 1, first_words)
     bar.close()
-
-    # ------------------------------------------------ the final model, the reward curve
-    state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(output_dir / "final", state_dict=state_dict)
-        tokenizer.save_pretrained(output_dir / "final")
-    if backend is not None:  # before the process group goes: the engine's shutdown tears down its own groups
-        backend.llm.llm_engine.engine_core.shutdown()
-    accelerator.end_training()
-    print0(summary_table(history))
-    print0(f"metrics: {log_path}   model: {output_dir / 'final'}")
+    save_final(run)
+    run.accelerator.end_training()
+    run.accelerator.print(summary_table(history))
+    run.accelerator.print(f"metrics: {run.log_path}   model: {run.output_dir / 'final'}")
 
 
 def summary_table(history: list[dict]) -> str:

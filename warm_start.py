@@ -23,8 +23,8 @@ the evaluator's content-addressed build cache already holds (a new kernel costs 
 With --model tiny (the default) the model is a fresh Qwen2 of --layers x --hidden on the tiny model's
 tokenizer (tiny_model.py), larger than the tiny model itself so that it memorises the library in a
 short run; any other --model is a Hugging Face path fine-tuned as it is. The loss is the mean
-log-likelihood of the reply tokens (the reply's end-of-turn token included), computed with train.py's
-own batching, so positions and padding match what RL will see.
+log-likelihood of the reply tokens (the reply's end-of-turn token included), computed with the batching
+train.py uses (batching.py), so positions and padding match what RL will see.
 
 Run:
   python warm_start.py --out runs/warm_start                        # CUDA library on its demo-sized tasks
@@ -49,11 +49,16 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, set_seed
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import reward
+from batching import Sample, collate, reply_logits, token_logprobs
 from evaluate import STATUSES, EvalConfig, evaluate, library_records
 from generate import ChatTokens, HFBackend, load_tasks, parse_reply, render_prompt
-from train import Sample, collate, reply_logits, token_logprobs
+from tiny_model import build_tiny_model, random_qwen2
 
 REPO = Path(__file__).resolve().parent
 LIBRARY = REPO / "solutions" / "warm_start"
@@ -144,10 +149,6 @@ def sft_examples(task_source: str, variants: list[dict], turns: int, paths: int,
 # ---------------------------------------------------------------- the model
 def fresh_model(layers: int, hidden: int, seed: int):
     """A seeded random Qwen2 of the given size on the tiny model's tokenizer (head size 64, MLP 2 x hidden)."""
-    from transformers import AutoTokenizer
-
-    from tiny_model import build_tiny_model, random_qwen2
-
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(), padding_side="left")
     heads = max(1, hidden // 64)
     shape = {"vocab_size": len(tokenizer), "hidden_size": hidden, "intermediate_size": 2 * hidden,
@@ -243,64 +244,46 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- the run
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    from accelerate import Accelerator
-    from accelerate.utils import broadcast_object_list, set_seed
-    from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    started = time.perf_counter()
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    print0 = accelerator.print
-    set_seed(args.seed)
-    out = Path(args.out)
-
-    # ------------------------------------------------ the library, judged by the evaluator
-    variants = load_library(args.library)
-    tasks = {task.id: task for task in load_tasks(str(args.tasks), None)}
-    missing = sorted({v["task"] for v in variants} - set(tasks))
-    if missing:
-        raise SystemExit(f"--tasks {args.tasks} has no task {missing[0]} (named by the library's files)")
-    if args.turns > 1:
-        evals = [None]
-        if accelerator.is_main_process:  # one evaluation, sent to every rank
-            evals = [evaluate([{"task": v["task"], "code": v["code"]} for v in variants],
-                              EvalConfig(device=args.device, tasks=str(args.tasks)))]
-        evals = broadcast_object_list(evals)[0]
-        for v, result in zip(variants, evals):
-            v["eval"], v["score"] = result, reward.turn_score(result)
-            if result["status"] != expected_status(v["variant"]):
-                print0(f"warning: {v['variant']} was judged {result['status']}: {result['feedback'][:200]}")
-    else:
+def judge_library(variants: list[dict], tasks_folder: Path, device: str, turns: int, accelerator) -> None:
+    """Give each variant its "score" and, where later turns quote feedback (turns > 1), its "eval": one
+    evaluation on the main process, sent to every rank; a verdict other than the file name's is a warning."""
+    if turns == 1:
         for v in variants:
             v["score"] = 0.0
+        return
+    evals = [None]
+    if accelerator.is_main_process:
+        evals = [evaluate([{"task": v["task"], "code": v["code"]} for v in variants],
+                          EvalConfig(device=device, tasks=str(tasks_folder)))]
+    evals = broadcast_object_list(evals)[0]
+    for v, result in zip(variants, evals):
+        v["eval"], v["score"] = result, reward.turn_score(result)
+        if result["status"] != expected_status(v["variant"]):
+            accelerator.print(f"warning: {v['variant']} was judged {result['status']}: {result['feedback'][:200]}")
 
-    # ------------------------------------------------ prompt -> reply pairs
-    rng = random.Random(args.seed)
-    examples = []
-    for task_id in sorted({v["task"] for v in variants}):
-        mine = [v for v in variants if v["task"] == task_id]
-        examples += [dict(e, task=task_id) for e in sft_examples(tasks[task_id].source, mine, args.turns,
-                                                                  args.paths, args.device, rng)]
 
-    # ------------------------------------------------ model
+def load_model(args: argparse.Namespace):
+    """(model, tokenizer): a fresh one for --model tiny, else the Hugging Face model to fine-tune."""
     if args.model == "tiny":
-        model, tokenizer = fresh_model(args.layers, args.hidden, args.seed)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return fresh_model(args.layers, args.hidden, args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+    return AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), tokenizer
+
+
+def training_samples(examples: list[dict], model, tokenizer) -> list[Sample]:
+    """The examples as token ids, through the chat template; each reply ends with the end-of-turn token."""
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
     tokens = ChatTokens()
     tokens.tokenizer = tokenizer
-    samples = [Sample(tokens.prompt_token_ids(e["messages"]),
-                      tokenizer(e["reply"], add_special_tokens=False).input_ids + [eos_id], None, 0.0)
-               for e in examples]
-    longest_reply = max(len(s.reply_ids) for s in samples)
+    return [Sample(tokens.prompt_token_ids(e["messages"]),
+                   tokenizer(e["reply"], add_special_tokens=False).input_ids + [eos_id], None, 0.0)
+            for e in examples]
 
-    # ------------------------------------------------ supervised fine-tuning
+
+def fine_tune(args: argparse.Namespace, accelerator, model, samples: list[Sample], pad_id: int):
+    """(model, mean loss per epoch): --epochs passes of the reply-token log-likelihood, the model unwrapped
+    and in eval mode after."""
     loader = torch.utils.data.DataLoader(samples, batch_size=args.batch_size, shuffle=True,
                                          collate_fn=lambda chunk: collate(chunk, pad_id))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -327,27 +310,63 @@ def main(argv=None) -> None:
         losses.append(sum(epoch_loss) / len(epoch_loss))
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
     bar.close()
+    return accelerator.unwrap_model(model).eval(), losses
 
-    # ------------------------------------------------ check, save, summarise
-    model = accelerator.unwrap_model(model).eval()
-    library_codes = {v["code"] for v in variants}
-    check_prompts = []
+
+def check_prompts(examples: list[dict]) -> list[dict]:
+    """One prompt per task and turn (the first example's): what the model is checked on after training."""
+    prompts = []
     for task_id in sorted({e["task"] for e in examples}):
         for turn in sorted({e["turn"] for e in examples if e["task"] == task_id}):
             first = next(e for e in examples if e["task"] == task_id and e["turn"] == turn)
-            check_prompts.append({"task": task_id, "turn": turn, "messages": first["messages"]})
-    greedy = [code in library_codes for code in greedy_codes(model, tokenizer, check_prompts, longest_reply + 16)]
-    check = sampling_check(model, tokenizer, check_prompts, library_codes, args.check_samples, args.temperature,
+            prompts.append({"task": task_id, "turn": turn, "messages": first["messages"]})
+    return prompts
+
+
+def write_outputs(args: argparse.Namespace, model, tokenizer, variants: list[dict], report: dict) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if args.turns > 1:
+        with (out / "library_evals.jsonl").open("w") as f:
+            for v in variants:
+                f.write(json.dumps({"task": v["task"], "solution": v["variant"], "code": v["code"],
+                                    "eval": v["eval"]}) + "\n")
+    (out / "warm_start.json").write_text(json.dumps(report, indent=1))
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    set_seed(args.seed)
+
+    variants = load_library(args.library)
+    tasks = {task.id: task for task in load_tasks(str(args.tasks), None)}
+    missing = sorted({v["task"] for v in variants} - set(tasks))
+    if missing:
+        raise SystemExit(f"--tasks {args.tasks} has no task {missing[0]} (named by the library's files)")
+    judge_library(variants, args.tasks, args.device, args.turns, accelerator)
+    rng = random.Random(args.seed)
+    examples = []
+    for task_id in sorted({v["task"] for v in variants}):
+        mine = [v for v in variants if v["task"] == task_id]
+        examples += [dict(e, task=task_id) for e in sft_examples(tasks[task_id].source, mine, args.turns,
+                                                                  args.paths, args.device, rng)]
+
+    model, tokenizer = load_model(args)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    samples = training_samples(examples, model, tokenizer)
+    longest_reply = max(len(s.reply_ids) for s in samples)
+    model, losses = fine_tune(args, accelerator, model, samples, pad_id)
+
+    library_codes = {v["code"] for v in variants}
+    prompts = check_prompts(examples)
+    greedy = [code in library_codes for code in greedy_codes(model, tokenizer, prompts, longest_reply + 16)]
+    check = sampling_check(model, tokenizer, prompts, library_codes, args.check_samples, args.temperature,
                            longest_reply + 16, args.seed) if args.check_samples else []
     if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        if args.turns > 1:
-            with (out / "library_evals.jsonl").open("w") as f:
-                for v in variants:
-                    f.write(json.dumps({"task": v["task"], "solution": v["variant"], "code": v["code"],
-                                        "eval": v["eval"]}) + "\n")
         per_turn = {t + 1: sum(e["turn"] == t for e in examples) for t in sorted({e["turn"] for e in examples})}
         report = {
             "model": {"source": args.model, "layers": model.config.num_hidden_layers,
@@ -358,12 +377,12 @@ def main(argv=None) -> None:
                         for v in variants],
             "examples_per_turn": per_turn, "longest_reply_tokens": longest_reply,
             "loss_per_epoch": losses, "greedy_is_library": dict(zip((f"{p['task']} turn {p['turn'] + 1}"
-                                                                     for p in check_prompts), greedy)),
+                                                                     for p in prompts), greedy)),
             "sampling_check": check, "seconds": round(time.perf_counter() - started, 1), "args": {
                 k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-        (out / "warm_start.json").write_text(json.dumps(report, indent=1))
-        print0(summary_table(report))
-        print0(f"model: {out}   report: {out / 'warm_start.json'}")
+        write_outputs(args, model, tokenizer, variants, report)
+        accelerator.print(summary_table(report))
+        accelerator.print(f"model: {Path(args.out)}   report: {Path(args.out) / 'warm_start.json'}")
 
 
 def summary_table(report: dict) -> str:

@@ -58,6 +58,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import batching  # noqa: E402
 import evaluate as ev  # noqa: E402
 import reward  # noqa: E402
 import train  # noqa: E402
@@ -278,7 +279,7 @@ def write_rollouts(path: Path, model_path: str) -> int:
                         f"        return kernel_{t}_{k}(x)  # {'grid-stride loop ' * (3 + t)}\n```"
                         if correct else f"Attempt {k}{turn}: a loop {'over rows ' * (1 + t + k)}that failed.")
                 reply = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-                samples.append(train.Sample(prompt, reply, None, 0.0))
+                samples.append(batching.Sample(prompt, reply, None, 0.0))
                 turns.append({"turn": turn, "prompt": {"messages": messages, "token_ids": prompt},
                               "reply": {"text": text, "token_ids": reply}, "code": "", "summary": "",
                               "eval": {"status": "correct" if correct else "incorrect", "compiled": True,
@@ -286,10 +287,10 @@ def write_rollouts(path: Path, model_path: str) -> int:
             records.append({"task": task, "trajectory": k, "turns": turns})
     if max(len(s.reply_ids) for s in samples) > MAX_TOKENS:
         raise SystemExit(f"a reply of the fixed batch is longer than {MAX_TOKENS} tokens")
-    batch = train.collate(samples, tokenizer.pad_token_id)
+    batch = batching.collate(samples, tokenizer.pad_token_id)
     with torch.no_grad():
-        logprobs = train.token_logprobs(train.reply_logits(model, batch), batch["targets"],
-                                        train.parse_args([]).temperature)
+        logprobs = batching.token_logprobs(batching.reply_logits(model, batch), batch["targets"],
+                                           train.parse_args([]).temperature)
     rows = iter(zip(logprobs.tolist(), batch["reply_mask"].tolist()))
     for record in records:
         for turn in record["turns"]:

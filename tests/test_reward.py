@@ -4,11 +4,12 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from reward import add_rewards, discounted_returns, normalise, turn_score
+from reward import RewardConfig, add_rewards, discounted_returns, normalise, turn_score
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +28,7 @@ def trajectory(task: str, index: int, *evals: dict) -> dict:
 TASK_A0 = trajectory("A", 0, ev(False), ev(True, 1.5))
 TASK_A1 = trajectory("A", 1, ev(True, 0.5))
 TASK_B0 = trajectory("B", 0, ev(False), ev(False))
-SMALL = dict(gamma=0.5, correct_weight=0.5)
+SMALL = RewardConfig(gamma=0.5, correct_weight=0.5)
 
 
 def advantages(trajectories: list[dict]) -> list[list[float]]:
@@ -36,12 +37,25 @@ def advantages(trajectories: list[dict]) -> list[list[float]]:
 
 def test_turn_score_is_weighted_correctness_plus_speedup():
     assert turn_score(ev(True, 2.0)) == pytest.approx(2.3)
-    assert turn_score(ev(True, 2.0), correct_weight=1.0, speedup_weight=0.5) == pytest.approx(2.0)
+    assert turn_score(ev(True, 2.0), RewardConfig(correct_weight=1.0, speedup_weight=0.5)) == pytest.approx(2.0)
 
 
 def test_turn_score_is_zero_for_an_incorrect_kernel_whatever_its_speedup():
     assert turn_score(ev(False)) == 0.0
     assert turn_score(ev(False, 5.0)) == 0.0
+
+
+@pytest.mark.parametrize("speedup", [math.inf, math.nan, -1.0, None])
+def test_turn_score_refuses_a_correct_kernel_whose_speedup_is_not_a_finite_number_at_least_0(speedup):
+    with pytest.raises(ValueError, match="not a finite number >= 0"):
+        turn_score(ev(True, speedup))
+
+
+def test_online_rewards_refuse_an_infinite_speedup_and_name_the_turn():
+    """train.py rewards its rollouts with add_rewards straight from evaluate.py, which times a kernel that
+    runs in 0 ms as an infinite speedup: that must stop the step, not turn its advantages into nan."""
+    with pytest.raises(ValueError, match="task A trajectory 0 turn 1: correct but \"speedup\" is inf"):
+        add_rewards([trajectory("A", 0, ev(False), ev(True, math.inf))])
 
 
 def test_discounted_sum_matches_hand_computation():
@@ -87,7 +101,7 @@ def test_normalise_gives_exact_zeros_when_all_returns_are_equal():
 
 
 def test_group_by_task_pools_trajectories_of_different_lengths():
-    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], **SMALL, group_by="task")
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, group_by="task"))
     assert [[t["score"] for t in x["turns"]] for x in out] == [[0.0, 2.0], [1.0], [0.0, 0.0]]
     assert [[t["return"] for t in x["turns"]] for x in out] == [[1.0, 2.0], [1.0], [0.0, 0.0]]
     # task A returns [1, 2, 1]: mean 4/3, population std sqrt(2)/3, eps 1e-6
@@ -97,20 +111,20 @@ def test_group_by_task_pools_trajectories_of_different_lengths():
 
 
 def test_group_by_task_turn_normalises_each_turn_apart():
-    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], **SMALL, group_by="task-turn")
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, group_by="task-turn"))
     # A turn 0: returns [1, 1]; A turn 1: one sample; B: all zero -> every group has zero std
     assert advantages(out) == [[0.0, 0.0], [0.0], [0.0, 0.0]]
 
 
 def test_group_by_trajectory_normalises_within_each_trajectory():
-    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], **SMALL, group_by="trajectory")
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, group_by="trajectory"))
     # trajectory 0 returns [1, 2]: mean 1.5, population std 0.5
     half = 0.5 / (0.5 + 1e-6)
     assert advantages(out) == [pytest.approx([-half, half]), [0.0], [0.0, 0.0]]
 
 
 def test_add_rewards_with_discounted_max():
-    out = add_rewards([TASK_A0], gamma=0.5, mode="max", correct_weight=0.5)
+    out = add_rewards([TASK_A0], RewardConfig(gamma=0.5, return_mode="max", correct_weight=0.5))
     assert [t["return"] for t in out[0]["turns"]] == [1.0, 2.0]  # max(0, 0.5 * 2), 2
 
 
@@ -132,15 +146,15 @@ def test_cli_round_trip_writes_rewards_and_a_summary(tmp_path):
     result = run_cli(str(path), "--gamma", "0.5", "--correct-weight", "0.5")
     assert result.returncode == 0, result.stderr
     out = [json.loads(line) for line in result.stdout.splitlines()]
-    assert out == add_rewards([TASK_A0, TASK_A1, TASK_B0], **SMALL)
+    assert out == add_rewards([TASK_A0, TASK_A1, TASK_B0], SMALL)
     # turn 0: scores [0, 1, 0], returns [1, 1, 0], 1 of 3 correct; turn 1: scores [2, 0], 1 of 2 correct
     assert "   0        3      0.3333       0.6667    33.3%" in result.stderr
     assert "   1        2      1.0000       1.0000    50.0%" in result.stderr
     assert "groups (by task): 2, with zero std (advantage 0): 1" in result.stderr
 
 
-def test_cli_reads_stdin_and_honours_mode_and_group_by():
-    result = run_cli("-", "--gamma", "0.5", "--correct-weight", "0.5", "--mode", "max", "--group-by", "trajectory",
+def test_cli_reads_stdin_and_honours_return_mode_and_group_by():
+    result = run_cli("-", "--gamma", "0.5", "--correct-weight", "0.5", "--return-mode", "max", "--group-by", "trajectory",
                      stdin=json.dumps(TASK_A0) + "\n\n")
     assert result.returncode == 0, result.stderr
     (out,) = [json.loads(line) for line in result.stdout.splitlines()]
@@ -177,5 +191,5 @@ def test_cli_reports_a_missing_file_in_one_line(tmp_path):
 def test_cli_help_lists_every_flag():
     result = run_cli("--help")
     assert result.returncode == 0
-    for flag in ("--gamma", "--mode", "--correct-weight", "--speedup-weight", "--group-by", "--eps"):
+    for flag in ("--gamma", "--return-mode", "--correct-weight", "--speedup-weight", "--group-by", "--eps"):
         assert flag in result.stdout

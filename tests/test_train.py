@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import batching
 import train
 from generate import HFBackend
 from tiny_model import build_tiny_model
@@ -41,11 +42,11 @@ def reply_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
 
 
-def reply_logprobs_unpadded(model, sample: train.Sample, temperature: float = 1.0) -> torch.Tensor:
+def reply_logprobs_unpadded(model, sample: batching.Sample, temperature: float = 1.0) -> torch.Tensor:
     """Log-probs of the reply tokens from one plain forward pass over prompt + reply, no padding at all."""
     ids = torch.tensor([sample.prompt_ids + sample.reply_ids])
     logits = model(ids).logits[0, len(sample.prompt_ids) - 1:-1]
-    return train.token_logprobs(logits, torch.tensor(sample.reply_ids), temperature)
+    return batching.token_logprobs(logits, torch.tensor(sample.reply_ids), temperature)
 
 
 def write_rollouts(path: Path, tokenizer, model) -> Path:
@@ -64,7 +65,8 @@ def write_rollouts(path: Path, tokenizer, model) -> Path:
                 logprobs = None
                 if k == 0:
                     with torch.no_grad():
-                        logprobs = reply_logprobs_unpadded(model, train.Sample(prompt, reply, None, 0.0), 0.9).tolist()
+                        sample = batching.Sample(prompt, reply, None, 0.0)
+                        logprobs = reply_logprobs_unpadded(model, sample, 0.9).tolist()
                 turns.append({"turn": turn,
                               "prompt": {"messages": [{"role": "user", "content": "..."}], "token_ids": prompt},
                               "reply": {"text": text, "token_ids": reply, "logprobs": logprobs},
@@ -171,10 +173,10 @@ def test_kl_estimate_is_zero_at_the_reference_and_positive_elsewhere():
 # ---------------------------------------------------------------- masking, padding, the real model
 def test_only_reply_tokens_are_in_the_loss_whatever_the_padding(tiny):
     model, tokenizer = tiny
-    short = train.Sample(prompt_ids(tokenizer, "Hi."), reply_ids(tokenizer, "def f(): return 1"), None, 1.0)
-    long = train.Sample(prompt_ids(tokenizer, "Write a CUDA kernel for a softmax over rows, please."),
+    short = batching.Sample(prompt_ids(tokenizer, "Hi."), reply_ids(tokenizer, "def f(): return 1"), None, 1.0)
+    long = batching.Sample(prompt_ids(tokenizer, "Write a CUDA kernel for a softmax over rows, please."),
                         reply_ids(tokenizer, "ok"), None, 2.0)
-    batch = train.collate([short, long], tokenizer.pad_token_id)
+    batch = batching.collate([short, long], tokenizer.pad_token_id)
     assert batch["reply_mask"].sum().item() == len(short.reply_ids) + len(long.reply_ids)
     for row, sample in enumerate([short, long]):
         assert batch["targets"][row][batch["reply_mask"][row]].tolist() == sample.reply_ids
@@ -194,10 +196,10 @@ def test_the_policys_logprobs_of_its_own_replies_equal_the_sampling_logprobs(tin
     backend = HFBackend(model, temperature=0.9, max_tokens=12, tokenizer=tokenizer)
     prompts = [[{"role": "user", "content": "Hi."}], [{"role": "user", "content": "Write a longer request here."}]]
     replies = backend.generate(prompts, [5, 6])
-    samples = [train.Sample(backend.prompt_token_ids(m), r.token_ids, None, 1.0) for m, r in zip(prompts, replies)]
-    batch = train.collate(samples, tokenizer.pad_token_id)
+    samples = [batching.Sample(backend.prompt_token_ids(m), r.token_ids, None, 1.0) for m, r in zip(prompts, replies)]
+    batch = batching.collate(samples, tokenizer.pad_token_id)
     with torch.no_grad():
-        logprobs = train.token_logprobs(train.reply_logits(model, batch), batch["targets"], 0.9)
+        logprobs = batching.token_logprobs(batching.reply_logits(model, batch), batch["targets"], 0.9)
     for row, reply in enumerate(replies):
         assert torch.allclose(logprobs[row][batch["reply_mask"][row]], torch.tensor(reply.logprobs), atol=1e-4)
 
@@ -208,12 +210,12 @@ def test_one_optimizer_step_raises_the_good_reply_and_lowers_the_bad_one(tiny):
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=torch.float32)
     prompt = prompt_ids(tokenizer, "Write a kernel.")
-    good = train.Sample(prompt, reply_ids(tokenizer, "```python\nclass ModelNew: pass\n```"), None, +1.0)
-    bad = train.Sample(prompt, reply_ids(tokenizer, "I cannot do that."), None, -1.0)
+    good = batching.Sample(prompt, reply_ids(tokenizer, "```python\nclass ModelNew: pass\n```"), None, +1.0)
+    bad = batching.Sample(prompt, reply_ids(tokenizer, "I cannot do that."), None, -1.0)
     with torch.no_grad():
         before = [reply_logprobs_unpadded(model, s).sum().item() for s in (good, bad)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
-    loss, _, _ = train.grpo_loss(model, train.collate([good, bad], tokenizer.pad_token_id), 0.9, 0.2, 0.28,
+    loss, _, _ = train.grpo_loss(model, batching.collate([good, bad], tokenizer.pad_token_id), 0.9, 0.2, 0.28,
                                  constant=64 * 2)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
@@ -224,7 +226,7 @@ def test_one_optimizer_step_raises_the_good_reply_and_lowers_the_bad_one(tiny):
 
 
 def test_micro_batches_are_as_many_as_asked_with_empty_ones_at_the_end():
-    samples = [train.Sample([1] * n, [2], None, 0.0) for n in (5, 1, 3)]
+    samples = [batching.Sample([1] * n, [2], None, 0.0) for n in (5, 1, 3)]
     chunks = train.micro_batches(samples, size=2, count=3)
     assert [[len(s.prompt_ids) for s in c] for c in chunks] == [[1, 3], [5], []]
     with pytest.raises(ValueError):
@@ -404,6 +406,7 @@ import os, sys
 sys.path.insert(0, {str(ROOT)!r})
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 import torch
+import batching
 import train
 from tiny_model import build_tiny_model
 
@@ -416,7 +419,7 @@ def logprobs(llm, model, prompt):
     with torch.no_grad():
         logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
     return (ids, [s[t].logprob for s, t in zip(out.logprobs, ids)],
-            logits.argmax(-1).tolist(), train.token_logprobs(logits, torch.tensor(ids), 1.0).tolist())
+            logits.argmax(-1).tolist(), batching.token_logprobs(logits, torch.tensor(ids), 1.0).tolist())
 
 if __name__ == "__main__":
     from transformers import AutoModelForCausalLM

@@ -1,0 +1,196 @@
+"""Box in a process that runs candidate code, with what Linux offers an unprivileged process.
+
+A candidate is code a policy wrote while optimised for reward; the evaluator's children run it. Once
+`confine` has run in a child (before any candidate code, while the child is still single-threaded):
+
+- Landlock: only the folders named `write` (its own build folder and private tmp), /dev and its own /proc
+  entries can be written; what `read` names (the system, Python, torch, the tasks, the build cache) can be
+  read and executed; nothing else is visible. A Landlock domain also cannot ptrace, nor open the /proc fd
+  and memory files of, a process outside it: the evaluator's stdout, its -o file, its memory are out of
+  reach. ABI 4 adds no TCP bind/connect; ABI 6 no signals to, and no abstract sockets of, outside processes.
+- A user and a network namespace: no network device at all (UDP and raw sockets included), and no
+  capability over anything the namespace does not own (as root: no sysctl, no mount).
+- seccomp: a process that opens an internet or packet socket, or calls ptrace, process_vm_*, mount,
+  unshare, setns, bpf or keyctl is killed by SIGSYS, which the evaluator reports as the rule it broke.
+
+Each layer is applied where the kernel has it; `available()` says which, `--sandbox strict` refuses to run
+without all of them. Denied file writes are plain EACCES to the candidate: nothing it does outside its
+folders takes effect, though a candidate that swallows the error is not reported for trying.
+Nothing here needs root, and nothing is installed: the syscalls are made through ctypes.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+import sys
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_ARCH = platform.machine()
+# syscall numbers and seccomp's audit arch, per architecture
+_SYSCALLS = {
+    "x86_64": dict(audit_arch=0xC000003E, landlock_create_ruleset=444, landlock_add_rule=445,
+                   landlock_restrict_self=446, socket=41, ptrace=101, process_vm_readv=310,
+                   process_vm_writev=311, mount=165, umount2=166, pivot_root=155, chroot=161, setns=308,
+                   unshare=272, bpf=321, keyctl=250, add_key=248, request_key=249),
+    "aarch64": dict(audit_arch=0xC00000B7, landlock_create_ruleset=444, landlock_add_rule=445,
+                    landlock_restrict_self=446, socket=198, ptrace=117, process_vm_readv=270,
+                    process_vm_writev=271, mount=40, umount2=39, pivot_root=41, chroot=51, setns=268,
+                    unshare=97, bpf=280, keyctl=219, add_key=217, request_key=218),
+}.get(_ARCH)
+_FORBIDDEN_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root",
+                    "chroot", "setns", "unshare", "bpf", "keyctl", "add_key", "request_key")
+_FORBIDDEN_SOCKETS = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
+MECHANISMS = ("landlock", "namespaces", "seccomp")
+
+# Landlock access rights (linux/landlock.h), by the ABI version that introduced them
+_FS_EXECUTE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 2, 1 << 3
+_FILE_RIGHTS = _FS_EXECUTE | 1 << 1 | _FS_READ_FILE | 1 << 14 | 1 << 15  # + write, truncate, ioctl
+_FS_RIGHTS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+_NET_TCP_BIND_CONNECT, _SCOPE_ABSTRACT_UNIX_SIGNAL = 0b11, 0b11
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _PR_SET_DUMPABLE = 38, 22, 4
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 where Landlock is missing or disabled."""
+    if _SYSCALLS is None:
+        return 0
+    version = _LIBC.syscall(_SYSCALLS["landlock_create_ruleset"], None, 0, 1)  # ..._VERSION flag
+    return max(0, version)
+
+
+def _namespaces_work() -> bool:
+    """Whether a process here may enter a new user and network namespace (tried in a throwaway fork)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _enter_namespaces()
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - any failure means: not available
+            os._exit(1)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+def available() -> dict[str, bool]:
+    """Which of MECHANISMS this kernel offers (checked once per run, in the evaluator)."""
+    seccomp = _SYSCALLS is not None and os.path.exists("/proc/sys/kernel/seccomp/actions_avail")
+    return {"landlock": landlock_abi() >= 1, "namespaces": _namespaces_work(), "seccomp": seccomp}
+
+
+def describe(in_force: dict[str, bool]) -> str:
+    """One line for the start of a run: what is on, what the kernel lacks."""
+    abi = landlock_abi()
+    on = {"landlock": f"landlock ABI {abi} (files, ptrace{', tcp' if abi >= 4 else ''}"
+                      f"{', signals' if abi >= 6 else ''})",
+          "namespaces": "user+network namespaces (no network)", "seccomp": "seccomp (network and ptrace calls)"}
+    parts = [on[m] for m in MECHANISMS if in_force.get(m)]
+    missing = [m for m in MECHANISMS if not in_force.get(m)]
+    line = "sandbox: " + (", ".join(parts) if parts else "off")
+    return line + (f"; not available here: {', '.join(missing)}" if missing and parts else "")
+
+
+def protect_parent() -> None:
+    """The evaluator itself: not dumpable, so that same-user processes cannot ptrace it or open its /proc
+    fd and memory files (root still can: there Landlock's ptrace rule is what protects it)."""
+    _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def confine(write: list[str], read: list[str], mechanisms: dict[str, bool]) -> None:
+    """Box in the calling process (single-threaded: namespaces and seccomp need it, and Landlock binds only
+    the calling thread and the threads it starts later). Raises OSError where a mechanism asked for fails."""
+    if mechanisms.get("namespaces"):
+        _enter_namespaces()
+    if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        _raise("prctl(PR_SET_NO_NEW_PRIVS)")
+    if mechanisms.get("landlock"):
+        _landlock(write, read)
+    if mechanisms.get("seccomp"):
+        _seccomp()
+
+
+def readable(extra: list[str], hidden: list[str]) -> list[str]:
+    """What a child may read: the system, this Python and its packages (torch and its headers), CUDA, and
+    `extra`; but no folder holding one of `hidden` (the socket of multiprocessing's fork server, say, which
+    Landlock cannot keep a process from connecting to once it knows the path)."""
+    paths = ["/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/opt", "/sys", "/proc", "/run",
+             sys.prefix, sys.base_prefix, sys.exec_prefix, os.environ.get("CUDA_HOME", "/usr/local/cuda"),
+             *sys.path, *extra]
+    hidden = [os.path.realpath(h) for h in hidden]
+    paths = {os.path.realpath(p) for p in paths if p and os.path.exists(p)}
+    return sorted(p for p in paths if not any(h == p or h.startswith(p.rstrip("/") + "/") for h in hidden))
+
+
+def _enter_namespaces() -> None:
+    uid, gid = os.getuid(), os.getgid()
+    if _LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        _raise("unshare(CLONE_NEWUSER | CLONE_NEWNET)")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:  # the same ids inside as out: files keep their owners
+            f.write(text)
+
+
+def _landlock(write: list[str], read: list[str]) -> None:
+    abi = landlock_abi()
+    fs_rights = _FS_RIGHTS_BY_ABI[max(v for v in _FS_RIGHTS_BY_ABI if v <= abi)]
+    attr = _RulesetAttr(fs_rights, _NET_TCP_BIND_CONNECT if abi >= 4 else 0,
+                        _SCOPE_ABSTRACT_UNIX_SIGNAL if abi >= 6 else 0)
+    ruleset = _LIBC.syscall(_SYSCALLS["landlock_create_ruleset"], ctypes.byref(attr), ctypes.sizeof(attr), 0)
+    if ruleset < 0:
+        _raise("landlock_create_ruleset")
+    try:
+        read_rights = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+        rules = [(p, read_rights) for p in read] + [(p, fs_rights) for p in [*write, "/dev", "/proc/self"]]
+        for path, rights in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                if not os.path.isdir(path):  # a file takes only the rights that apply to files
+                    rights &= _FILE_RIGHTS
+                beneath = struct.pack("=Qi", rights, fd)  # struct landlock_path_beneath_attr, packed
+                if _LIBC.syscall(_SYSCALLS["landlock_add_rule"], ruleset, 1, beneath, 0) != 0:
+                    _raise(f"landlock_add_rule({path})")
+            finally:
+                os.close(fd)
+        if _LIBC.syscall(_SYSCALLS["landlock_restrict_self"], ruleset, 0) != 0:
+            _raise("landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
+def _seccomp() -> None:
+    """A classic BPF filter: kill the process on a forbidden call or socket family, allow the rest."""
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    program = [(ld, 4), (jeq, _SYSCALLS["audit_arch"], "next", "KILL"), (ld, 0)]  # seccomp_data.arch, .nr
+    if _ARCH == "x86_64":
+        program.append((jge, 0x40000000, "KILL", "next"))  # the x32 ABI's calls
+    program += [(jeq, _SYSCALLS[name], "KILL", "next") for name in _FORBIDDEN_CALLS]
+    program += [(jeq, _SYSCALLS["socket"], "next", "ALLOW"), (ld, 16)]  # socket's first argument: the family
+    program += [(jeq, family, "KILL", "next") for family in _FORBIDDEN_SOCKETS]
+    program += [(ret, 0x7FFF0000), (ret, 0x80000000)]  # ALLOW, KILL (SECCOMP_RET_KILL_PROCESS)
+    where = {"ALLOW": len(program) - 2, "KILL": len(program) - 1}
+    filters = b""
+    for pc, (code, k, *targets) in enumerate(program):
+        jt, jf = (0 if t == "next" else where[t] - pc - 1 for t in targets) if targets else (0, 0)
+        filters += struct.pack("=HBBI", code, jt, jf, k)
+    buffer = ctypes.create_string_buffer(filters, len(filters))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(len(program), ctypes.addressof(buffer))
+    if _LIBC.prctl(_PR_SET_SECCOMP, 2, ctypes.byref(fprog), 0, 0) != 0:  # SECCOMP_MODE_FILTER
+        _raise("prctl(PR_SET_SECCOMP)")
+
+
+def _raise(call: str):
+    errno = ctypes.get_errno()
+    raise OSError(errno, f"sandbox: {call} failed: {os.strerror(errno)}")

@@ -1,0 +1,284 @@
+"""The sandbox around the children that run candidate code, shown through the real CLI.
+
+Each attack in tests/adversarial/sandbox/ is a correct ReLU that also tries one thing from native code, when
+its extension loads and on its first call: change the evaluator's own files, forge a result line in its
+stdout or its -o file, spoil or delete the build cache that other candidates load from, reach the network.
+Unboxed, every attack succeeds and the candidate is judged correct; with the sandbox, each attempt is
+refused, and the candidate throws (a `runtime_error` naming the refusal) or is killed by seccomp (`rejected`
+with a `[sandbox]` rule). The attacks are templates: the test fills in the paths and the port, as an
+attacker who knows the setup would.
+
+Every run is against a copy of the project's Python files in a temporary folder, with its own build cache
+and output file outside that copy, so that a defence that fails cannot damage the checkout. Each input has
+an honest candidate first (it builds the shared object the cache attacks go after), then the attacker, then
+an honest copy under another extension name (the same sources, so it loads the cached build); the four
+attacks that leave separate traces share one run, the two on the cache have one each (a deleted cache would
+hide an overwritten one)."""
+import hashlib
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+ATTACKS = ROOT / "tests" / "adversarial" / "sandbox"
+TASK = "level1/7_ReLU"
+# The four whose traces stay apart (a project file, stdout, the output file, the port) share one run.
+SEPARABLE = ("append_evaluate_py", "forge_stdout_line", "forge_output_line", "connect_tcp")
+RUNS = {"separable": SEPARABLE, "overwrite": ("overwrite_cached_so",), "delete": ("delete_build_cache",)}
+HONEST = {"cpu": ROOT / "solutions" / "cpu" / "level1" / "7_ReLU.correct_loop.py",
+          "cuda": ROOT / "solutions" / "cuda" / "level1" / "7_ReLU.correct_vec4.py"}
+# How a refused attempt reads in a candidate's own exception: its strerror, or no evaluator in sight.
+REFUSED = re.compile(r"Permission denied|Operation not permitted|Read-only file system|No such file or directory|"
+                     r"Network is unreachable|Connection refused|Address family not supported|"
+                     r"no ancestor process runs evaluate\.py")
+
+pytestmark = pytest.mark.slow
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+def honest(device: str, name: str | None = None) -> str:
+    """The hand-written correct ReLU; with `name`, a copy whose extension is called that (one build for both)."""
+    code = HONEST[device].read_text()
+    return re.sub(r'name="\w+"', f'name="{name}"', code, count=1) if name else code
+
+
+def attack(device: str, what: str, **fills: str) -> str:
+    """The attack template `what`, its @PLACEHOLDERS@ filled in (every one: an unfilled one would be no attack)."""
+    code = (ATTACKS / device / f"7_ReLU.{what}.py").read_text()
+    for key, value in fills.items():
+        code = code.replace(f"@{key.upper()}@", value)
+    assert not re.search(r"@[A-Z_]+@", code), f"unfilled placeholder in {what}"
+    return code
+
+
+def copy_project(folder: Path) -> Path:
+    """The project's Python files and the CPU-sized tasks, copied: the runs happen there."""
+    project = folder / "project"
+    project.mkdir(parents=True)
+    for f in ROOT.glob("*.py"):
+        shutil.copy2(f, project / f.name)
+    shutil.copytree(ROOT / "tests" / "tasks", project / "tests" / "tasks")
+    return project
+
+
+def fingerprint(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder` (bytecode caches aside): a change, a new file or a missing one shows."""
+    return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(folder.rglob("*")) if f.is_file() and "__pycache__" not in f.parts}
+
+
+class Listener:
+    """A TCP server on 127.0.0.1 that counts the connections made to it, until stopped (accept never waits
+    longer than half a second, so stopping is prompt)."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.5)
+        self.port = self.server.getsockname()[1]
+        self.connections: list[bytes] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.connections.append(conn.recv(4096))
+                except OSError:
+                    self.connections.append(b"")
+
+    def stop(self) -> list[bytes]:
+        self.stopping.set()
+        self.thread.join()
+        self.server.close()
+        return self.connections
+
+
+def run_cli(project: Path, records: list[dict], out: Path, build_dir: Path, device: str, *extra: str):
+    """`python evaluate.py IN -o OUT` in the copied project, as a pipeline would run it; the records are also
+    returned, as read back from OUT."""
+    source = out.with_suffix(".in.jsonl")
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    done = subprocess.run(
+        [sys.executable, "evaluate.py", str(source), "-o", str(out), "--device", device, "--tasks", "tests/tasks",
+         "--build-dir", str(build_dir), "--run-timeout-s", "60", "--timing-budget-s", "1", "--compile-workers", "1",
+         "--no-progress", *extra], cwd=project, capture_output=True, text=True, timeout=900)
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    return done, rows
+
+
+def attack_run(folder: Path, device: str, attacks: tuple[str, ...], again: bool) -> dict:
+    """One CLI run over an honest candidate, then each attacker followed by an honest copy; with `again`, a
+    second run of the honest ones alone over the same build cache. What each saw, and the project before and
+    after."""
+    project = copy_project(folder)
+    build_dir, out = (folder / "builds").resolve(), (folder / "out.jsonl").resolve()
+    listener = Listener()
+    fills = dict(evaluate_py=str(project / "evaluate.py"), output=str(out), build_root=str(build_dir),
+                 port=str(listener.port))
+    records = [{"task": TASK, "code": honest(device), "id": "honest-0"}]
+    for n, what in enumerate(attacks, 1):
+        records.append({"task": TASK, "code": attack(device, what, **fills), "id": what})
+        records.append({"task": TASK, "code": honest(device, name=f"relu_honest_copy_{n}"), "id": f"honest-{n}"})
+    before = fingerprint(project)
+    try:
+        done, rows = run_cli(project, records, out, build_dir, device)
+    finally:
+        connections = listener.stop()
+    again_records = [r for r in records if r["id"].startswith("honest")]
+    again, again_rows = (run_cli(project, again_records, folder / "again.jsonl", build_dir, device) if again
+                         else (None, []))
+    return dict(records=records, done=done, rows=rows, connections=connections, before=before,
+                after=fingerprint(project), again_records=again_records, again=again, again_rows=again_rows,
+                build_dir=build_dir)
+
+
+def statuses(rows: list[dict]) -> dict[str, str]:
+    return {r.get("id"): r["eval"]["status"] for r in rows}
+
+
+def assert_stopped(result: dict) -> None:
+    """Not correct: killed by seccomp (`rejected`, a [sandbox] rule) or failed with the refusal it met."""
+    status, feedback = result["status"], result["feedback"]
+    assert status in ("runtime_error", "rejected") and status != "correct", (status, feedback)
+    if status == "rejected":
+        assert "[sandbox]" in feedback, feedback
+    else:
+        assert "blocked:" in feedback and REFUSED.search(feedback), feedback
+
+
+# ------------------------------------------------------------------------------------------- CPU, unboxed?
+
+@pytest.fixture(scope="module")
+def separable(tmp_path_factory):
+    return attack_run(tmp_path_factory.mktemp("separable"), "cpu", SEPARABLE, again=False)
+
+
+@pytest.fixture(scope="module")
+def overwrite(tmp_path_factory):
+    return attack_run(tmp_path_factory.mktemp("overwrite"), "cpu", RUNS["overwrite"], again=True)
+
+
+@pytest.fixture(scope="module")
+def delete(tmp_path_factory):
+    return attack_run(tmp_path_factory.mktemp("delete"), "cpu", RUNS["delete"], again=True)
+
+
+def test_a_candidate_cannot_change_the_evaluators_files(separable):
+    """evaluate.py and every other project file come out of the run byte for byte as they went in, whether
+    the attacker opens the path it knows or goes through /proc/<evaluator>/cwd."""
+    assert separable["after"] == separable["before"]
+
+
+def test_a_candidate_cannot_write_into_the_evaluators_stdout(separable):
+    """With -o the evaluator writes nothing to stdout: any line there (a forged result through
+    /proc/<evaluator>/fd/1) came from a candidate."""
+    assert separable["done"].returncode == 0, separable["done"].stderr[-3000:]
+    assert "forged" not in separable["done"].stdout
+    assert separable["done"].stdout == ""
+
+
+def test_a_candidate_cannot_add_a_line_to_the_output_file(separable):
+    """The -o file holds exactly one line per input, in input order: a forged line would pass for a result
+    (and shift every line after it, for a reader that zips them with the inputs)."""
+    got = [(r.get("id"), r["task"], r["code"]) for r in separable["rows"]]
+    assert got == [(r["id"], r["task"], r["code"]) for r in separable["records"]]
+    assert not any(r["eval"].get("forged") for r in separable["rows"])
+
+
+def test_a_candidate_cannot_connect_to_a_local_port(separable):
+    """Nothing reaches a server listening on 127.0.0.1 during the run: the children have no network."""
+    assert separable["connections"] == []
+
+
+def test_a_candidate_cannot_overwrite_another_candidates_build(overwrite):
+    """Every shared object left in the cache is still an ELF file, and a second run, in which the honest
+    candidates load their cached build, still finds them correct."""
+    spoiled = [str(f) for f in overwrite["build_dir"].rglob("*.so") if f.read_bytes()[:4] != b"\x7fELF"]
+    assert spoiled == []
+    assert statuses(overwrite["again_rows"]) == {r["id"]: "correct" for r in overwrite["again_records"]}, \
+        [r["eval"]["feedback"][:300] for r in overwrite["again_rows"]]
+
+
+def test_a_candidate_cannot_delete_the_build_cache(delete):
+    """The honest build made before the attacker, and the evaluator's working folder with the candidates'
+    sources, survive it: every input gets its line, the honest copy after the attacker (which loads that
+    build) is correct, and the build is still in the cache when the run is over."""
+    assert [r.get("id") for r in delete["rows"]] == [r["id"] for r in delete["records"]], \
+        delete["done"].stderr[-3000:]
+    assert statuses(delete["rows"])["honest-1"] == "correct", [r["eval"]["feedback"][:300] for r in delete["rows"]]
+    honest_builds = [f for f in delete["build_dir"].glob("*/*.so")
+                     if "attempt()" not in (f.parent / "main.cpp").read_text()]
+    assert honest_builds
+
+
+@pytest.mark.parametrize("what", [w for attacks in RUNS.values() for w in attacks])
+def test_each_attacker_is_stopped_and_its_honest_neighbours_are_correct(what, request):
+    """The attacker's status says it was stopped (not `correct`, with the refusal in its feedback); the honest
+    candidates just before and after it in the same run are still correct."""
+    run = request.getfixturevalue(next(name for name, attacks in RUNS.items() if what in attacks))
+    by_id = {r.get("id"): r["eval"] for r in run["rows"]}
+    assert what in by_id, f"no result for {what}: {run['done'].stderr[-3000:]}"
+    assert_stopped(by_id[what])
+    at = [r["id"] for r in run["records"]].index(what)
+    neighbours = (run["records"][at - 1]["id"], run["records"][at + 1]["id"])
+    assert {n: by_id.get(n, {}).get("status") for n in neighbours} == {n: "correct" for n in neighbours}
+
+
+# ------------------------------------------------------------------------------- the control: unboxed
+
+def test_unboxed_the_evaluate_py_attack_does_change_evaluate_py(tmp_path):
+    """The control: with the sandbox turned off, the same template does append to the copied evaluate.py, so
+    the tests above test a real attack (and the copy is what it damages, not the checkout)."""
+    project = copy_project(tmp_path)
+    if "--sandbox" not in subprocess.run([sys.executable, "evaluate.py", "--help"], cwd=project,
+                                         capture_output=True, text=True).stdout:
+        pytest.skip("evaluate.py has no --sandbox flag yet")
+    before = (project / "evaluate.py").read_bytes()
+    records = [{"task": TASK, "code": attack("cpu", "append_evaluate_py", evaluate_py=str(project / "evaluate.py")),
+                "id": "append_evaluate_py"}]
+    done, rows = run_cli(project, records, tmp_path / "out.jsonl", tmp_path / "builds", "cpu", "--sandbox", "off")
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = (project / "evaluate.py").read_bytes()
+    assert after != before and after.startswith(before) and b"# appended by a candidate" in after[len(before):]
+    assert rows[0]["eval"]["status"] == "correct", rows[0]["eval"]["feedback"]
+    assert (ROOT / "evaluate.py").read_bytes() != after  # the checkout's own copy is untouched
+
+
+# --------------------------------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("run", list(RUNS))
+def test_the_sandbox_stops_the_cuda_attacks(run, tmp_path):
+    """The same attacks as CUDA kernels (--device cuda): the project unchanged, nothing in stdout, one output
+    line per input in order, no connection, each attacker stopped, the honest candidates correct in this run
+    and in a second one over the same build cache, every cached shared object still an ELF file."""
+    seen = attack_run(tmp_path, "cuda", RUNS[run], again=True)
+    assert seen["done"].returncode == 0, seen["done"].stderr[-3000:]
+    assert seen["after"] == seen["before"]
+    assert seen["done"].stdout == ""
+    assert [(r.get("id"), r["code"]) for r in seen["rows"]] == [(r["id"], r["code"]) for r in seen["records"]]
+    assert seen["connections"] == []
+    for row in seen["rows"]:
+        if str(row.get("id")).startswith("honest"):
+            assert row["eval"]["status"] == "correct", (row["id"], row["eval"]["feedback"][:500])
+        else:
+            assert_stopped(row["eval"])
+    assert [f for f in seen["build_dir"].rglob("*.so") if f.read_bytes()[:4] != b"\x7fELF"] == []
+    assert statuses(seen["again_rows"]) == {r["id"]: "correct" for r in seen["again_records"]}
