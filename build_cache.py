@@ -3,13 +3,17 @@
 Candidates in a GRPO group and a model's later turns often repeat an extension word for word (or up to its
 name); building each once, in a folder named by the hash of load_inline's arguments, and against light
 stand-ins for torch/types.h and torch/extension.h (main.cpp's precompiled) cuts the build, which is most of
-an evaluation's CPU time. evaluate.py installs it in each build and run child (`content_addressed_load_inline`).
+an evaluation's CPU time.
+
+The cache is shared by candidates, so no candidate writes it: a child that runs candidate code asks the
+evaluator for each extension its load_inline names (`load_from_cache`), the evaluator has it compiled by a
+child that runs no candidate code (`BuildCache`, `compile_extension`), records the library's digest, and
+tells the child which verified library to load.
 Nothing here imports torch.utils.cpp_extension at import time: a forked child that has imported it cannot
 use CUDA.
 """
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import inspect
@@ -17,9 +21,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 HEAVY_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"]', re.M)
@@ -68,90 +72,161 @@ def _sources(arguments: dict, kind: str) -> list[str]:
     return [sources] if isinstance(sources, str) else list(sources or [])
 
 
-class BuildUnderWay(Exception):
-    """Raised in a build job whose extension another process is building: the job gives its compile slot
-    back and runs again (a load, then) once that build is done, instead of holding the slot while it waits."""
+def extension_key(arguments: dict, arch: str) -> tuple[str, dict]:
+    """The digest naming an extension's build folder, and load_inline's arguments as that build takes them.
+    Copies that differ only in the extension's name, as samples of one group and a model's later turns often
+    do, share one build under a name made from the rest, unless their sources spell the name out (their own
+    PYBIND11_MODULE, say). Where the candidate asked to build, and how verbosely, change nothing built."""
+    import torch
+
+    arguments = {k: v for k, v in arguments.items() if k not in ("build_directory", "verbose")}
+    written = "\n".join(_sources(arguments, "cpp_sources") + _sources(arguments, "cuda_sources"))
+    if not re.search(rf"\b{re.escape(str(arguments.get('name')))}\b", written):
+        arguments.pop("name", None)
+    key = repr(sorted(arguments.items())) + torch.__version__ + arch
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    arguments.setdefault("name", f"ext_{digest}")
+    return digest, arguments
 
 
-def content_addressed_load_inline(build_root: str, building: bool, stale_lock_s: float):
-    """Wrap load_inline so that each distinct extension is built once, in a folder named by its inputs,
-    and faster than as written (see `_fast_load_inline`). Copies that differ only in the extension's name,
-    as samples of one group and a model's later turns often do, share one build under a name made from
-    the rest, unless their sources spell the name out (their own PYBIND11_MODULE, say). In a build job
-    (`building`), an extension that another process is building raises BuildUnderWay. A build lock older than
-    `stale_lock_s` was left by a build that was killed, and is removed."""
+def light_folder(arguments: dict, build_root: Path) -> Path:
+    """The folder of the light headers (and main.cpp's precompiled one) for this extension's compiler flags."""
+    import importlib.util
+
+    cpp_extension = importlib.util.find_spec("torch.utils.cpp_extension").origin
+    key = repr([arguments.get("extra_cflags"), arguments.get("extra_include_paths"),
+                bool(_sources(arguments, "cuda_sources")), arguments.get("with_cuda"), os.environ.get("CXX"),
+                cpp_extension, _LIGHT_TYPES_H, _LIGHT_EXTENSION_H])
+    return build_root / "light" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def load_from_cache(ask) -> None:
+    """In a child that runs candidate code: load_inline asks the evaluator (`ask`) for the extension, which a
+    compile child that runs no candidate code builds once in the cache, and loads the library it is told
+    of. So the child writes nothing shared, and what it loads was compiled from the sources it named."""
+    import importlib.util
+
     import torch
     import torch.utils.cpp_extension as cpp_ext
 
-    original = cpp_ext.load_inline
-    signature = inspect.signature(original)
+    signature = inspect.signature(cpp_ext.load_inline)
 
     def load_inline(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        if bound.arguments.get("build_directory") is not None:
-            return original(*bound.args, **bound.kwargs)
-        arguments = dict(bound.arguments)
-        written = "\n".join(_sources(arguments, "cpp_sources") + _sources(arguments, "cuda_sources"))
-        if not re.search(rf"\b{re.escape(str(arguments['name']))}\b", written):
-            del arguments["name"]
-        key = repr(sorted((k, v) for k, v in arguments.items() if k != "verbose"))
-        key += torch.__version__ + os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-        digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-        arguments.setdefault("name", f"ext_{digest}")
-        folder = Path(build_root) / digest
-        folder.mkdir(parents=True, exist_ok=True)
-        lock = folder / "lock"  # left behind by a build that was killed: older than any live build
-        if lock.exists() and time.time() - lock.stat().st_mtime > stale_lock_s:
-            lock.unlink(missing_ok=True)
-        arguments["build_directory"] = str(folder)
-        to_build = building and not (folder / f"{arguments['name']}.so").exists()
-        with _claim(folder) if to_build else contextlib.nullcontext():
-            return _fast_load_inline(original, arguments, folder, Path(build_root), make_pch=building)
+        arguments = dict(signature.bind(*args, **kwargs).arguments)
+        reply = ask(arguments)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        if not arguments.get("is_python_module", True):
+            torch.ops.load_library(reply["library"])
+            return reply["library"]
+        spec = importlib.util.spec_from_file_location(reply["name"], reply["library"])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
 
     cpp_ext.load_inline = load_inline
 
 
-@contextlib.contextmanager
-def _claim(folder: Path):
-    """Held by the one build job that builds the extension in `folder` (the lock goes with its process);
-    another that finds it held raises BuildUnderWay, and its parent waits in `wait_for_build`."""
-    with open(folder / "claim", "w") as claim:
-        try:
-            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise BuildUnderWay(claim.name) from None
-        yield
+def compile_extension(payload: dict) -> dict:
+    """A compile child's job: build one extension in its folder without loading it, so that no candidate code
+    (its static initialisers included) runs where the cache is written."""
+    import torch.utils.cpp_extension as cpp_ext
+
+    cpp_ext._import_module_from_library = lambda *args: None  # torch's last step of a build: the import
+    try:
+        _fast_load_inline(cpp_ext.load_inline, payload["arguments"], Path(payload["folder"]), Path(payload["light"]))
+    except Exception as e:  # noqa: BLE001 - the compiler's message goes to the candidate's feedback
+        return {"error": str(e)}
+    return {"built": True}
 
 
-def wait_for_build(claim: str) -> None:
-    """Until the build job that holds an extension's claim is done, or was killed."""
-    with open(claim) as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+class BuildCache:
+    """The evaluator's side of the cache. A child's load_inline becomes a `request` here: each extension is
+    compiled once, `slots` at a time, by `compile(payload, writable, timeout_s)` (a compile child that may
+    write only the extension's folder and its light-header folder); the library's digest is recorded after
+    the build and checked before any child is told to load it, so a library changed since is rebuilt, never
+    loaded. Requests for one extension wait for its one build without taking a slot; a file lock beside
+    the folder keeps other evaluators sharing the cache out while it is built."""
+
+    def __init__(self, root: Path, arch: str, slots: int, compile, timeout_s: float):
+        self.root, self.arch, self.compile, self.timeout_s = root, arch, compile, timeout_s
+        self.slots = threading.Semaphore(max(1, slots))
+        self.locks: dict[str, threading.Lock] = {}
+        self.guard = threading.Lock()
+
+    def request(self, arguments: dict) -> dict:
+        """{'library': path, 'name': module name}, {'error': the compiler's message} or {'timeout': True}."""
+        digest, arguments = extension_key(arguments, self.arch)
+        folder = self.root / digest
+        library = folder / f"{arguments['name']}.so"
+        with self.guard:
+            lock = self.locks.setdefault(digest, threading.Lock())
+        with lock, open(self.root / f"{digest}.lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            if not _matches_digest(library):
+                outcome = self._build(dict(arguments, build_directory=str(folder)), folder, library)
+                if outcome:
+                    return outcome
+        return {"library": str(library), "name": arguments["name"]}
+
+    def _build(self, arguments: dict, folder: Path, library: Path) -> dict | None:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        light = light_folder(arguments, self.root)
+        light.mkdir(parents=True, exist_ok=True)
+        pch = light / "torch" / "extension.h.gch"
+        if pch.exists() and not _matches_digest(pch):
+            pch.unlink()  # changed since it was made: made again by this build
+        with self.slots:
+            outcome = self.compile({"arguments": arguments, "folder": str(folder), "light": str(light)},
+                                   [str(folder), str(light)], self.timeout_s)
+        if outcome.get("built") and library.exists():
+            _record_digest(library)
+            return None
+        if outcome.get("timeout"):
+            return {"timeout": True}
+        return {"error": outcome.get("error") or f"Error building extension: {outcome.get('crash')}\n"
+                                                 f"{outcome.get('log', '')}"}
 
 
-def _fast_load_inline(original, arguments: dict, folder: Path, build_root: Path, make_pch: bool):
+def _digest_file(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _record_digest(path: Path) -> None:
+    _digest_file(path).write_text(_sha256(path))
+
+
+def _matches_digest(path: Path) -> bool:
+    """Whether `path` exists and is what the build that made it recorded."""
+    try:
+        return _digest_file(path).read_text() == _sha256(path)
+    except OSError:
+        return False
+
+
+def _fast_load_inline(original, arguments: dict, folder: Path, light: Path):
     """load_inline past most of torch's headers, which are >95% of a build: its CUDA file and its main.cpp
-    are compiled against the light headers (`_LIGHT_TYPES_H`, `_LIGHT_EXTENSION_H`) in a folder first on
+    are compiled against the light headers (`_LIGHT_TYPES_H`, `_LIGHT_EXTENSION_H`) in `light`, first on
     both compilers' include paths, torch/extension.h included by a CUDA source becoming torch/types.h (the
     Python bindings are compiled in main.cpp). If that fails for a missing name, the source as written is
     built (any other error is the same under both); one that names what the light headers lack in other
-    ways (`_BEYOND_LIGHT`) is built as written from the start. The folder is one per set of compiler flags:
-    the first build precompiles its torch/extension.h there with its own flags, and main.cpp picks that up
-    where it exists (gcc ignores one made under other flags, and reads the text instead). Whether a build
-    took the light headers is recorded in its folder, so that a later load finds the same build."""
+    ways (`_BEYOND_LIGHT`) is built as written from the start. `light` is one folder per set of compiler
+    flags (`light_folder`): the first build precompiles its torch/extension.h there with its own flags, and
+    main.cpp picks that up where it exists (gcc ignores one made under other flags, and reads the text
+    instead). Whether a build took the light headers is recorded in its folder."""
     import torch.utils.cpp_extension as cpp_ext
 
     cuda = _sources(arguments, "cuda_sources")
-    flags_key = repr([arguments.get("extra_cflags"), arguments.get("extra_include_paths"), bool(cuda),
-                      arguments.get("with_cuda"), os.environ.get("CXX"), cpp_ext.__file__,
-                      _LIGHT_TYPES_H, _LIGHT_EXTENSION_H])
-    light = build_root / "light" / hashlib.sha256(flags_key.encode()).hexdigest()[:16]
     record = folder / "shortcuts.json"
-    took_light = json.loads(record.read_text()).get("light") if record.exists() else None
-    if took_light is None:
-        took_light = (not any(_BEYOND_LIGHT.search(s) for s in _sources(arguments, "cpp_sources") + cuda)
-                      and not re.search(r"\s", str(light)))
-        record.write_text(json.dumps({"light": took_light}))
+    took_light = (not any(_BEYOND_LIGHT.search(s) for s in _sources(arguments, "cpp_sources") + cuda)
+                  and not re.search(r"\s", str(light)))
+    record.write_text(json.dumps({"light": took_light}))
     if took_light:
         write_light_headers(light)
 
@@ -165,7 +240,7 @@ def _fast_load_inline(original, arguments: dict, folder: Path, build_root: Path,
 
     pch = light / "torch" / "extension.h.gch"  # where gcc looks for a precompiled torch/extension.h
     build_done, maker = threading.Event(), None
-    if took_light and make_pch and not pch.exists():
+    if took_light and not pch.exists():
         maker = threading.Thread(target=_make_precompiled_header, args=(folder / "build.ninja", pch, build_done))
         maker.start()
     try:
@@ -227,5 +302,6 @@ def _make_precompiled_header(ninja_file: Path, pch: Path, build_done: threading.
         command = shlex.split(compiler.group(1)) + shlex.split(own_flags) + \
             ["-x", "c++-header", str(pch.with_suffix("")), "-o", str(partial)]
         if subprocess.run(command, capture_output=True).returncode == 0:
+            _digest_file(pch).write_text(_sha256(partial))  # first: a header without its digest is remade
             partial.rename(pch)
 

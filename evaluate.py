@@ -46,6 +46,7 @@ import queue
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,8 +60,9 @@ from pathlib import Path
 
 import torch
 
-from build_cache import BuildUnderWay, wait_for_build
-from isolation import ChildSettings, finish_child, run_in_child, start_child, stop_child_later
+import sandbox
+from build_cache import BuildCache, compile_extension, load_from_cache
+from isolation import ChildSettings, finish_child, hidden_from_children, run_in_child, start_child, stop_child_later
 
 ROOT = Path(__file__).resolve().parent
 STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
@@ -110,6 +112,9 @@ class EvalConfig:
     """wall-clock limit for checking and timing one candidate (KernelBench's batch scripts: 180 s)"""
     build_dir: str = str(ROOT / ".cache" / "builds")
     """where extensions are built, one folder per distinct extension (kept: a cache across runs)"""
+    sandbox: str = "auto"
+    """box in the children that run candidate code (sandbox.py): 'auto' applies what the kernel offers and
+    says which, 'strict' refuses to run without all of it, 'off' runs candidates with the user's full rights"""
     progress: bool = True
     """a tqdm progress bar on stderr (--no-progress: none)"""
 
@@ -289,13 +294,9 @@ def import_file(path: str, name: str):
 
 
 def _build(payload: dict) -> dict:
-    """Import the candidate, which builds its extensions (or loads them, built before); {'busy': claim} where
-    another child is building one of them, so that this build waits without holding a compile slot."""
+    """Import the candidate, whose load_inline has the evaluator build its extensions (or finds them built)."""
     start = time.perf_counter()
-    try:
-        import_file(payload["candidate"], "candidate")
-    except BuildUnderWay as e:
-        return {"busy": str(e)}
+    import_file(payload["candidate"], "candidate")
     return {"seconds": time.perf_counter() - start}
 
 
@@ -739,6 +740,8 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
     if outcome.get("timeout"):
         return make_result("timeout", f"Timeout: the kernel did not finish within {timeout_s:.0f} s "
                            "(an infinite loop, a deadlock, or far too slow).")
+    if outcome.get("signal") == signal.SIGSYS:
+        return make_result("rejected", f"Rejected by the rules:\n- {SANDBOX_RULE}", compiled=True)
     if "crash" in outcome:
         log = _first_lines("\n".join(ln for ln in outcome.get("log", "").splitlines()
                                      if re.search(r"error|Error|fault|abort|Abort", ln)))
@@ -808,34 +811,60 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
     return _Evaluation(cfg or EvalConfig(), len(records), on_result).run(records)
 
 
-def _child_settings(cfg: EvalConfig, kind: str, build_root: str) -> tuple[ChildSettings, ChildSettings]:
-    """(run, build) children's settings. Where the GPUs' architectures are known, builds see no GPU: nvcc
-    needs none, and torch then builds for those architectures instead of probing a device."""
-    env = {"TORCH_EXTENSIONS_DIR": build_root}
+SANDBOX_RULE = ("[sandbox] the candidate made a system call the sandbox forbids (a network socket, ptrace, "
+                "another process's memory, mount or namespaces) and was killed")
+_SANDBOX_LINE_SHOWN = []  # the sandbox line is printed once a process, not once an evaluate() call
+
+
+def sandbox_mechanisms(mode: str) -> dict[str, bool]:
+    """The sandbox mechanisms children apply under `--sandbox mode`; says which at the first call."""
+    if mode not in ("off", "auto", "strict"):
+        raise SystemExit(f"error: --sandbox must be off, auto or strict, not {mode!r}")
+    mechanisms = sandbox.available() if mode != "off" else {}
+    missing = [m for m in sandbox.MECHANISMS if not mechanisms.get(m)]
+    if mode == "strict" and missing:
+        raise SystemExit(f"error: --sandbox strict, but this kernel lacks {', '.join(missing)}")
+    if not _SANDBOX_LINE_SHOWN:
+        print(sandbox.describe(mechanisms), file=sys.stderr)
+        _SANDBOX_LINE_SHOWN.append(True)
+    if any(mechanisms.values()):
+        sandbox.protect_parent()
+    return mechanisms
+
+
+def _child_settings(cfg: EvalConfig, kind: str, readable: list[str], mechanisms: dict) -> dict[str, ChildSettings]:
+    """Settings of the run, build and compile children. Where the GPUs' architectures are known, builds see
+    no GPU: nvcc needs none, and torch then builds for those architectures instead of probing a device. Run
+    and build children run candidate code and load its extensions from the cache; compile children run
+    none."""
+    env = {}
     if kind == "cuda":
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or _cuda_arch_list()
         if arch:
             env["TORCH_CUDA_ARCH_LIST"] = arch
     build_env = dict(env, CUDA_VISIBLE_DEVICES="") if "TORCH_CUDA_ARCH_LIST" in env else env
-    stale_lock_s = cfg.compile_timeout_s + 60  # older than any live build
-    return (ChildSettings(build_root, stale_lock_s, env),
-            ChildSettings(build_root, stale_lock_s, build_env, building=True))
+    boxed = dict(readable=tuple(readable), mechanisms=mechanisms)
+    return {"run": ChildSettings(env, setup=load_from_cache, **boxed),
+            "build": ChildSettings(build_env, setup=load_from_cache, nice=True, **boxed),
+            "compile": ChildSettings(build_env, nice=True, **boxed)}
 
 
-def _run_payload(cfg: EvalConfig, task_path: str, candidate: str, device: str) -> dict:
+def _run_payload(cfg: EvalConfig, task_path: str, candidate: str, kernels: list[str], device: str) -> dict:
     """What a run child gets: the files, the device and every setting of the check and the timing."""
     return {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
             "correct_trials": cfg.correct_trials, "atol": cfg.atol, "rtol": cfg.rtol,
             "timing_trials": cfg.timing_trials, "timing_budget_s": cfg.timing_budget_s,
             "warmup": cfg.warmup, "compile_baseline": cfg.compile_baseline,
             "min_own_kernel_share": cfg.min_own_kernel_share, "poison_bytes": cfg.poison_bytes,
-            "defences": cfg.defences, "kernel_names": kernel_names(Path(candidate).read_text())}
+            "defences": cfg.defences, "kernel_names": kernels}
 
 
 def _build_failure(outcome: dict, candidate: str, build_root: str, timeout_s: float, seconds: float) -> dict:
     """The result of a candidate whose build child timed out, crashed or raised."""
     if outcome.get("timeout"):
         return make_result("timeout", f"Timeout: building took longer than {timeout_s:.0f} s.")
+    if outcome.get("signal") == signal.SIGSYS:
+        return make_result("rejected", f"Rejected by the rules:\n- {SANDBOX_RULE}")
     message = outcome.get("error") or outcome["crash"] + "\n" + outcome.get("log", "")
     if "Error building extension" in message:
         message = "Compilation failed:\n" + trim_compiler_output(message, build_root)
@@ -847,21 +876,20 @@ def _build_failure(outcome: dict, candidate: str, build_root: str, timeout_s: fl
 
 
 class _Evaluation:
-    """One call of `evaluate`: the static rules here, every distinct candidate built in a pool of threads
-    (each waiting on a build child, at most cfg.compile_workers at once), and one thread per device that
-    runs each built candidate in a fresh child set up ahead."""
+    """One call of `evaluate`: the static rules here, every distinct candidate imported in a build child (one
+    thread each), whose extensions the build cache compiles, at most cfg.compile_workers at once, and one
+    thread per device that runs each built candidate in a fresh child set up ahead."""
 
     def __init__(self, cfg: EvalConfig, count: int, on_result):
         self.cfg, self.on_result = cfg, on_result
         self.kind, self.devices = resolve_device(cfg)
+        self.mechanisms = sandbox_mechanisms(cfg.sandbox)
         self.index = load_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
         self.build_root = str(Path(cfg.build_dir).resolve())
         Path(self.build_root).mkdir(parents=True, exist_ok=True)
-        self.run_settings, self.build_settings = _child_settings(cfg, self.kind, self.build_root)
         self.results: list[dict | None] = [None] * count
         self.lock = threading.Lock()
         self.ready: queue.Queue = queue.Queue()  # built candidates, for the device threads
-        self.compile_slots = threading.Semaphore(max(1, cfg.compile_workers))
         self.to_run = 0  # distinct candidates that may still reach a device
         self.progress = None
         if cfg.progress:
@@ -873,6 +901,12 @@ class _Evaluation:
         workdir = tempfile.mkdtemp(prefix="eval-", dir=self.build_root)
         try:
             jobs = self.write_candidates(self.apply_static_rules(records), workdir)
+            readable = sandbox.readable([self.build_root, str(ROOT), self.cfg.tasks,
+                                         *{str(Path(task).parent) for task, *_ in jobs}], hidden_from_children())
+            self.settings = _child_settings(self.cfg, self.kind, readable, self.mechanisms)
+            self.cache = BuildCache(Path(self.build_root), self.settings["run"].env.get("TORCH_CUDA_ARCH_LIST", ""),
+                                    self.cfg.compile_workers, self.compile, self.cfg.compile_timeout_s)
+            self.workdir, self.compiles = workdir, itertools.count()
             self.to_run = len(jobs)
             workers = [threading.Thread(target=self.feed_device, args=(d, workdir, len(jobs)), daemon=True)
                        for d in self.devices]
@@ -924,13 +958,14 @@ class _Evaluation:
 
     @staticmethod
     def write_candidates(groups: dict[tuple[str, str], list[int]], workdir: str) -> list[tuple]:
-        """Each distinct candidate in its own folder: (task file, candidate file, record indices)."""
+        """Each distinct candidate in its own folder: (task file, candidate file, its kernels' names, record
+        indices)."""
         jobs = []
         for n, ((task_path, code), indices) in enumerate(groups.items()):
             folder = Path(workdir) / f"c{n:05d}"
             folder.mkdir()
             (folder / "solution.py").write_text(code)
-            jobs.append((task_path, str(folder / "solution.py"), indices))
+            jobs.append((task_path, str(folder / "solution.py"), kernel_names(code), indices))
         return jobs
 
     def fewer_to_run(self) -> int:
@@ -938,18 +973,18 @@ class _Evaluation:
             self.to_run -= 1
             return self.to_run
 
+    def compile(self, payload: dict, writable: list[str], timeout_s: float) -> dict:
+        """The build cache's compiler: one extension, in a compile child that may write only `writable`."""
+        log = str(Path(self.workdir) / f"compile-{next(self.compiles)}.log")
+        return run_in_child(compile_extension, payload, self.settings["compile"], timeout_s, log, writable)
+
     def build(self, job: tuple) -> None:
-        """Build one candidate in a child, then queue it for a device, or finish it as a build failure. A
-        build that waits for another child's build of the same extension gives its slot back meanwhile."""
-        task_path, candidate, indices = job
+        """Import one candidate in a child, which has the cache build its extensions, then queue it for a
+        device, or finish it as a build failure."""
+        task_path, candidate, _, indices = job
         started = time.perf_counter()
-        while True:
-            with self.compile_slots:
-                outcome = run_in_child(_build, {"candidate": candidate}, self.build_settings,
-                                       self.cfg.compile_timeout_s, str(Path(candidate).with_name("build.log")))
-            if "busy" not in outcome:
-                break
-            wait_for_build(outcome["busy"])
+        outcome = run_in_child(_build, {"candidate": candidate}, self.settings["build"], self.cfg.compile_timeout_s,
+                               str(Path(candidate).with_name("build.log")), serve=self.cache.request)
         if not (outcome.get("timeout") or "crash" in outcome or "error" in outcome):
             self.ready.put((job, started, outcome["seconds"], outcome["cpu_s"]))
             return
@@ -961,19 +996,19 @@ class _Evaluation:
         """Run built candidates on one device until the queue says stop. Each gets a fresh child, set up
         ahead (no more spares than candidates left to run); the oldest spare has had the longest to get ready."""
         logs = (str(Path(workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())
-        spares = collections.deque(start_child(_run, self.run_settings, next(logs), device)
+        spares = collections.deque(start_child(_run, self.settings["run"], next(logs), device)
                                    for _ in range(min(self.cfg.spare_children, candidates)))
         while (item := self.ready.get()) is not None:
             left = self.fewer_to_run()
-            (task_path, candidate, indices), started, build_s, build_cpu_s = item
+            (task_path, candidate, kernels, indices), started, build_s, build_cpu_s = item
             child = spares.popleft() if spares else None
             if child is None or not child[0].is_alive():
-                child = start_child(_run, self.run_settings, next(logs), device)
+                child = start_child(_run, self.settings["run"], next(logs), device)
             if len(spares) < min(self.cfg.spare_children, left):
-                spares.append(start_child(_run, self.run_settings, next(logs), device))
+                spares.append(start_child(_run, self.settings["run"], next(logs), device))
             run_started, sent_at = time.perf_counter(), time.time()
-            outcome = finish_child(child, _run_payload(self.cfg, task_path, candidate, device),
-                                   self.cfg.run_timeout_s)
+            outcome = finish_child(child, _run_payload(self.cfg, task_path, candidate, kernels, device),
+                                   self.cfg.run_timeout_s, serve=self.cache.request)
             result = build_feedback(outcome, build_root=self.build_root, candidate_path=candidate,
                                     timeout_s=self.cfg.run_timeout_s)
             waited = max(0.0, outcome.get("ready_at", sent_at) - sent_at)  # the child was still setting up
