@@ -14,6 +14,7 @@ use CUDA.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import inspect
@@ -142,17 +143,47 @@ def compile_extension(payload: dict) -> dict:
 
 class BuildCache:
     """The evaluator's side of the cache. A child's load_inline becomes a `request` here: each extension is
-    compiled once, `slots` at a time, by `compile(payload, writable, timeout_s)` (a compile child that may
-    write only the extension's folder and its light-header folder); the library's digest is recorded after
-    the build and checked before any child is told to load it, so a library changed since is rebuilt, never
-    loaded. Requests for one extension wait for its one build without taking a slot; a file lock beside
-    the folder keeps other evaluators sharing the cache out while it is built."""
+    compiled once by `compile(payload, writable, timeout_s)` (a compile child that may write only the
+    extension's folder and its light-header folder); the library's digest is recorded after the build and
+    checked before any child is told to load it, so a library changed since is rebuilt, never loaded.
+
+    `slots` bounds the build work going on at once: a build child holds one (`slot()`) while it imports its
+    candidate and while the extensions it asks for are compiled, and gives it back while it waits for an
+    extension another child's request is building. A file lock beside each folder keeps other evaluators
+    sharing the cache out while it is built."""
 
     def __init__(self, root: Path, arch: str, slots: int, compile, timeout_s: float):
         self.root, self.arch, self.compile, self.timeout_s = root, arch, compile, timeout_s
         self.slots = threading.Semaphore(max(1, slots))
         self.locks: dict[str, threading.Lock] = {}
         self.guard = threading.Lock()
+        self.holding = threading.local()  # whether this thread's child holds a slot
+
+    @contextlib.contextmanager
+    def slot(self, needed: bool = True):
+        """Hold a slot for this thread (none where `needed` is False or it holds one already)."""
+        if not needed or getattr(self.holding, "slot", False):
+            yield
+            return
+        with self.slots:
+            self.holding.slot = True
+            try:
+                yield
+            finally:
+                self.holding.slot = False
+
+    @contextlib.contextmanager
+    def _slot_given_back(self):
+        held = getattr(self.holding, "slot", False)
+        if held:
+            self.holding.slot = False
+            self.slots.release()
+        try:
+            yield
+        finally:
+            if held:
+                self.slots.acquire()
+                self.holding.slot = True
 
     def request(self, arguments: dict) -> dict:
         """{'library': path, 'name': module name}, {'error': the compiler's message} or {'timeout': True}."""
@@ -161,12 +192,19 @@ class BuildCache:
         library = folder / f"{arguments['name']}.so"
         with self.guard:
             lock = self.locks.setdefault(digest, threading.Lock())
-        with lock, open(self.root / f"{digest}.lock", "w") as held:
-            fcntl.flock(held, fcntl.LOCK_EX)
-            if not _matches_digest(library):
-                outcome = self._build(dict(arguments, build_directory=str(folder)), folder, library)
-                if outcome:
-                    return outcome
+        if not lock.acquire(blocking=False):
+            with self._slot_given_back():  # another request is building it: wait without holding a slot
+                lock.acquire()
+        try:
+            with open(self.root / f"{digest}.lock", "w") as held:
+                fcntl.flock(held, fcntl.LOCK_EX)
+                if not _matches_digest(library):
+                    with self.slot():  # a run child's request holds none of its own
+                        outcome = self._build(dict(arguments, build_directory=str(folder)), folder, library)
+                    if outcome:
+                        return outcome
+        finally:
+            lock.release()
         return {"library": str(library), "name": arguments["name"]}
 
     def _build(self, arguments: dict, folder: Path, library: Path) -> dict | None:
@@ -177,9 +215,8 @@ class BuildCache:
         pch = light / "torch" / "extension.h.gch"
         if pch.exists() and not _matches_digest(pch):
             pch.unlink()  # changed since it was made: made again by this build
-        with self.slots:
-            outcome = self.compile({"arguments": arguments, "folder": str(folder), "light": str(light)},
-                                   [str(folder), str(light)], self.timeout_s)
+        outcome = self.compile({"arguments": arguments, "folder": str(folder), "light": str(light)},
+                               [str(folder), str(light)], self.timeout_s)
         if outcome.get("built") and library.exists():
             _record_digest(library)
             return None

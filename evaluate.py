@@ -983,8 +983,10 @@ class _Evaluation:
         device, or finish it as a build failure."""
         task_path, candidate, _, indices = job
         started = time.perf_counter()
-        outcome = run_in_child(_build, {"candidate": candidate}, self.settings["build"], self.cfg.compile_timeout_s,
-                               str(Path(candidate).with_name("build.log")), serve=self.cache.request)
+        with self.cache.slot():
+            outcome = run_in_child(_build, {"candidate": candidate}, self.settings["build"],
+                                   self.cfg.compile_timeout_s, str(Path(candidate).with_name("build.log")),
+                                   serve=self.cache.request)
         if not (outcome.get("timeout") or "crash" in outcome or "error" in outcome):
             self.ready.put((job, started, outcome["seconds"], outcome["cpu_s"]))
             return
