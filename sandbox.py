@@ -105,6 +105,8 @@ def protect_parent() -> None:
 def confine(write: list[str], read: list[str], mechanisms: dict[str, bool]) -> None:
     """Box in the calling process (single-threaded: namespaces and seccomp need it, and Landlock binds only
     the calling thread and the threads it starts later). Raises OSError where a mechanism asked for fails."""
+    if not any(mechanisms.values()):
+        return
     if mechanisms.get("namespaces"):
         _enter_namespaces()
     if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:

@@ -74,7 +74,7 @@ def baseline_build(code: str, folder: str) -> tuple[float, float]:
     path.write_text(code)
     start, cpu = time.perf_counter(), cpu_seconds()
     try:
-        ev._import_file(str(path), "candidate")
+        ev.import_file(str(path), "candidate")
     except Exception:  # noqa: BLE001 - a failed build is a result here
         return -1.0, cpu_seconds() - cpu
     return time.perf_counter() - start, cpu_seconds() - cpu
@@ -105,8 +105,8 @@ def baseline_checks(cases: list[tuple[str, str]], device: str) -> list[dict]:
     for task, folder in tqdm(cases, desc="(a) checking", unit="kernel", file=sys.stderr):
         as_in_a_fresh_process(folder)
         try:
-            module = ev._import_file(str(Path(folder) / "candidate.py"), "candidate")
-            spec = ev._import_file(task, "reference_task")
+            module = ev.import_file(str(Path(folder) / "candidate.py"), "candidate")
+            spec = ev.import_file(task, "reference_task")
             torch.manual_seed(42)
             init = spec.get_init_inputs()
             torch.manual_seed(42)

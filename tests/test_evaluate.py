@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import build_cache
 import evaluate as ev
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,32 +135,37 @@ def test_an_unknown_task_is_a_clear_error():
         ev.resolve_task("level9/nope", ev.load_tasks(ROOT / "tasks"))
 
 
-DEGENERATE_TASK = """
-import torch
-import torch.nn as nn
+# ------------------------------------------------------------------------------------- speedup and CLI
 
-class Model(nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(n))
-
-    def forward(self, x):
-        return torch.softmax(x.sum(dim=1, keepdim=True), dim=1) * (1 + 0 * self.w)
-
-def get_inputs():
-    return [torch.randn(64, 32)]
-
-def get_init_inputs():
-    return [32]
-"""
+def test_a_time_below_the_timer_resolution_gives_a_large_finite_speedup():
+    assert ev.speedup(2.0, 1.0) == 2.0
+    assert ev.speedup(1.0, 0.0) == 1.0 / ev.TIMER_RESOLUTION_MS
+    assert ev.speedup(0.0, 0.0) == 1.0
 
 
-def test_the_task_check_flags_a_degenerate_task_and_passes_real_ones(tmp_path):
-    (tmp_path / "softmax_of_one.py").write_text(DEGENERATE_TASK)
-    assert ev.check_task(tmp_path / "softmax_of_one.py", "cpu") == [
-        "nearly constant output", "output does not depend on the inputs", "output does not depend on the parameters"]
-    for path in ev.load_tasks(ROOT / "tests" / "tasks").values():
-        assert ev.check_task(path, "cpu") == []
+def test_a_time_that_is_not_a_finite_number_earns_no_speedup():
+    assert ev.speedup(1.0, float("nan")) == 0.0
+    assert ev.speedup(1.0, float("inf")) == 0.0
+    assert ev.speedup(float("nan"), 1.0) == 0.0
+
+
+def test_a_correct_kernel_timed_at_zero_gets_a_finite_speedup_in_its_result():
+    outcome = {"medians": {"candidate": 0.0, "reference": 0.1, "compiled": 0.05}, "trials": 10,
+               "max_abs_diff": 0.0, "times": {}, "own_kernel_share": None}
+    result = ev.build_feedback(outcome, build_root="/b", candidate_path="/c/solution.py", timeout_s=1)
+    assert result["status"] == "correct"
+    assert result["speedup"] == pytest.approx(200.0) and result["speedup_vs_compile"] == pytest.approx(100.0)
+    assert json.loads(json.dumps(result, allow_nan=False))["speedup"] == result["speedup"]
+
+
+def test_every_config_field_is_a_flag_with_its_docstring_as_help():
+    help_text = " ".join(ev._parser().format_help().split())
+    for name, doc in ev._field_docs(ev.EvalConfig).items():
+        assert doc in help_text, name
+    args = ev._parser().parse_args(["--gpus", "0,2", "--correct-trials", "7", "--no-progress", "--compile-baseline"])
+    cfg = ev._config(args)
+    assert (cfg.gpus, cfg.correct_trials, cfg.progress, cfg.compile_baseline) == ([0, 2], 7, False, True)
+    assert ev._config(ev._parser().parse_args(["in.jsonl"])) == ev.EvalConfig()
 
 
 # ------------------------------------------------------------------------- real builds and runs on the CPU
@@ -349,7 +355,7 @@ def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name
     import torch.utils.cpp_extension as cpp_ext
 
     light = tmp_path / "light"
-    ev._write_light_headers(light)
+    build_cache.write_light_headers(light)
     system = [*cpp_ext.include_paths(), sysconfig.get_paths()["include"]]
     # The C++ standard is the one torch's own build file asks for (C++17 in older releases, C++20 in newer ones,
     # whose headers need it); load_inline gives nvcc the same one.
@@ -365,13 +371,13 @@ def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name
         source = re.search(r'cuda_source = r"""(.*?)"""', code, re.S).group(1)
         cu = tmp_path / f"{stem}.cu"  # load_inline's first lines, then the source with the include the evaluator swaps
         cu.write_text("#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
-                      + ev._HEAVY_INCLUDE.sub("#include <torch/types.h>", source))
+                      + build_cache.HEAVY_INCLUDE.sub("#include <torch/types.h>", source))
         done = subprocess.run(["nvcc", *flags, str(cu), "-o", str(cu.with_suffix(".o"))], capture_output=True, text=True)
         errors[stem] = [line for line in (done.stdout + done.stderr).splitlines() if "error" in line]
         assert done.returncode == 0 or errors[stem], done.stdout + done.stderr
     assert errors["7_ReLU.correct_vec4"] == [] and (tmp_path / "7_ReLU.correct_vec4.o").exists()
     assert errors["7_ReLU.correct_beyond_light_header"]
-    assert any(ev._MISSING_NAME.search(line) for line in errors["7_ReLU.correct_beyond_light_header"]), errors
+    assert any(build_cache.MISSING_NAME.search(line) for line in errors["7_ReLU.correct_beyond_light_header"]), errors
 
 
 # --------------------------------------------------------------------------------------------------- GPU

@@ -1,0 +1,217 @@
+"""Runs candidate code in child processes, boxed in, so that a crash, a hang or an attack costs one child.
+
+Children fork from a server process that has already imported torch, so each starts in milliseconds; each
+gets its own process group (killed with everything it started), a log for its output (never the evaluator's
+stdout), a file size limit, a private temporary folder, and one payload. Before it runs anything of the
+candidate's it boxes itself in (sandbox.py): writable are only its temporary folder and what its job names.
+A child talks to the evaluator in JSON, never pickle (unpickling runs code), and may ask it for services
+(`serve`: the build cache's extensions) before it sends its result. The job a child runs is passed in by
+reference (a module-level function, pickled by name), so this module knows nothing of what is checked.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import multiprocessing.util
+import os
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import sandbox
+
+
+@dataclass(frozen=True)
+class ChildSettings:
+    """What every child of one kind starts with: torch's and CUDA's own environment variables, the folders it
+    may read and the sandbox mechanisms it applies (`sandbox.available()`, or none), a `setup(ask)` run
+    before the payload (module-level, pickled by name: the build cache's load_inline), and whether it yields
+    the cores (builds do, to a checking child timing a kernel beside them)."""
+    env: dict
+    readable: tuple[str, ...] = ()
+    mechanisms: dict = field(default_factory=dict)
+    setup: object = None
+    nice: bool = False
+
+
+_CONTEXT = None
+
+
+def _mp_context():
+    """Children fork from a server process that has imported torch but never touches CUDA, whatever
+    the caller has done, so each starts in milliseconds instead of re-importing torch (~5 s on the H200
+    machine). Only `torch` is preloaded: once torch.utils.cpp_extension is imported, torch's CUDA build
+    refuses CUDA to forked children ("Cannot re-initialize CUDA in forked subprocess")."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch"])
+    return _CONTEXT
+
+
+def hidden_from_children() -> list[str]:
+    """What no child may list: the folder of the fork server's socket (Landlock does not stop a process
+    connecting to a socket whose path it knows, and the server forks whatever it is sent, unboxed)."""
+    return [multiprocessing.util.get_temp_dir()]
+
+
+def _child_entry(conn, job, settings: ChildSettings, log_path: str, device: str | None, tmp: str, writable: list):
+    """Runs in the child: own process group, output to a log, boxed in; sets up, waits for its one payload,
+    runs `job(payload)` and sends the result (a dict) back through `conn`."""
+    os.setpgrp()
+    if settings.nice:
+        os.nice(10)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # a print loop cannot fill the disk
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.update(settings.env)
+    for name in ("TMPDIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR"):
+        os.environ[name] = tmp  # what torch, CUDA and Triton would write elsewhere goes to the private folder
+    tempfile.tempdir = None
+    try:
+        sandbox.confine([tmp, *writable], list(settings.readable), settings.mechanisms)
+        if settings.setup is not None:
+            settings.setup(lambda request: _ask(conn, request))
+        if device and device.startswith("cuda"):
+            _warm_up(device)
+        failed = None
+    except BaseException as e:  # noqa: BLE001 - reported as the result of the job it was waiting for
+        failed = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    ready_at = time.time()
+    payload = conn.recv()
+    try:
+        result = failed or job(payload)
+    except BaseException as e:  # noqa: BLE001 - everything a candidate raises is a result, SystemExit too
+        result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    result["cpu_s"] = sum(u.ru_utime + u.ru_stime for u in usage)  # compilers included: where the cores go
+    result["ready_at"] = ready_at
+    sys.stdout.flush()
+    sys.stderr.flush()
+    conn.send_bytes(json.dumps(result, default=str).encode())
+    conn.close()
+
+
+def _ask(conn, request: dict) -> dict:
+    """A request from the child to the evaluator, answered before the child goes on."""
+    conn.send_bytes(json.dumps({"request": request}).encode())
+    return conn.recv()
+
+
+def _warm_up(device: str) -> None:
+    """What a GPU run needs before its candidate, done while the candidate before it is still running:
+    the CUDA context, and torch._dynamo, which torch's profiler loads on first use (seconds together)."""
+    import torch
+    import torch._dynamo  # noqa: F401
+
+    torch.cuda.set_device(device)
+    torch.zeros(1, device=device)
+
+
+def start_child(job, settings: ChildSettings, log_path: str, device: str | None = None,
+                writable: list[str] = ()) -> tuple:
+    """A fresh child for `job`, a module-level function of one payload dict (pickled by name), started
+    ahead: it sets itself up while it waits. It may write its private folder (made here, next to its log,
+    removed with it) and `writable`."""
+    ctx = _mp_context()
+    tmp = tempfile.mkdtemp(prefix="tmp-", dir=os.path.dirname(log_path))
+    conn, child_end = ctx.Pipe()
+    child = ctx.Process(target=_child_entry, args=(child_end, job, settings, log_path, device, tmp,
+                                                   list(writable)), daemon=True)
+    child.start()
+    child_end.close()
+    return child, conn, log_path, tmp
+
+
+def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None) -> dict:
+    """Give a started child its payload and wait; {'timeout': True}, {'crash': ..., 'signal': ...} or the
+    child's own result dict. Its requests are answered by `serve(request)` meanwhile, and the time spent
+    answering is not the child's: it is not counted against `timeout_s`. A reply {'timeout': True} from
+    `serve` ends the child as timed out."""
+    child, conn, log_path, _ = started
+    result, timed_out, deadline = None, False, time.monotonic() + timeout_s
+    try:
+        conn.send(payload)
+        while True:
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                timed_out = True
+                break
+            message = json.loads(conn.recv_bytes())  # EOFError: the child died without a word
+            if not isinstance(message, dict):
+                raise ValueError("a child's message is a JSON object")
+            if "request" not in message or serve is None:
+                result = message
+                break
+            began = time.monotonic()
+            reply = serve(message["request"])
+            deadline += time.monotonic() - began
+            if reply.get("timeout"):
+                timed_out = True
+                break
+            conn.send(reply)
+    except (EOFError, OSError, ValueError):  # json's errors are ValueErrors: a garbled result is no result
+        result = None
+    finally:
+        conn.close()
+    if result is not None:
+        stop_child_later(started)
+        return result
+    child.join(timeout=0.5)  # dying: its exit code says how
+    stop_child(started)
+    if timed_out:
+        return {"timeout": True}
+    killed_by = -child.exitcode if child.exitcode < 0 else None
+    return {"crash": describe_exit(child.exitcode), "signal": killed_by, "log": tail_of_log(log_path)}
+
+
+def stop_child(started: tuple) -> None:
+    """Kill a child and anything it started (ninja, nvcc), e.g. one started ahead and not needed, and
+    remove its private folder."""
+    child, _, _, tmp = started
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        child.kill()  # not (yet) the leader of its own process group
+    child.join()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def stop_child_later(started: tuple) -> None:
+    """stop_child in the background: the exit of a child that is done or not needed (seconds, with a CUDA
+    context) is not waited for on the caller's path."""
+    threading.Thread(target=stop_child, args=(started,), daemon=True).start()
+
+
+def run_in_child(job, payload: dict, settings: ChildSettings, timeout_s: float, log_path: str,
+                 writable: list[str] = (), serve=None) -> dict:
+    """Run `job(payload)` in a fresh child; see start_child and finish_child."""
+    return finish_child(start_child(job, settings, log_path, writable=writable), payload, timeout_s, serve)
+
+
+def describe_exit(code: int) -> str:
+    """A child's exit code in words, for the feedback."""
+    if code < 0:
+        try:
+            return f"the process was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the process was killed by signal {-code}"
+    return f"the process exited with code {code}"
+
+
+def tail_of_log(path: str, limit: int = 4000) -> str:
+    """The last `limit` bytes of a child's log: where a crash says what happened."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,35 @@
+"""bench/check_tasks.py: a degenerate task is flagged for each way it is degenerate; the real ones pass."""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import check_tasks as ct  # noqa: E402
+
+
+DEGENERATE_TASK = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return torch.softmax(x.sum(dim=1, keepdim=True), dim=1) * (1 + 0 * self.w)
+
+def get_inputs():
+    return [torch.randn(64, 32)]
+
+def get_init_inputs():
+    return [32]
+"""
+
+
+def test_the_task_check_flags_a_degenerate_task_and_passes_real_ones(tmp_path):
+    (tmp_path / "softmax_of_one.py").write_text(DEGENERATE_TASK)
+    assert ct.check_task(tmp_path / "softmax_of_one.py", "cpu") == [
+        "nearly constant output", "output does not depend on the inputs", "output does not depend on the parameters"]
+    for path in ct.ev.load_tasks(ROOT / "tests" / "tasks").values():
+        assert ct.check_task(path, "cpu") == []
