@@ -55,7 +55,7 @@ def train_command(args, kind: str, seed: int, model: str, max_tokens: int, out: 
             "--steps", str(args.steps), "--lr", str(args.lr), "--max-tokens", str(max_tokens),
             "--eval-device", args.device, "--seed", str(seed), "--save-every", "2", "--no-bf16",
             "--output-dir", str(out), "--log", str(out / "metrics.jsonl"), *shlex.split(args.train_args),
-            *(["--resume"] if any((out / "checkpoints").glob("step_*")) else [])]
+            *(["--resume"] if any((out / "checkpoints").glob("step_*")) else ["--overwrite"])]
 
 
 def read_metrics(path: Path) -> list[dict]:
