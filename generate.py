@@ -641,6 +641,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def kernel_device(args: argparse.Namespace) -> str:
+    """'cuda' or 'cpu' (--device auto resolved): where candidates run, so which kernels the prompts ask for.
+    An impossible choice (cuda without a GPU, --gpus not visible) stops the run here, before any generation."""
+    return resolve_device(EvalConfig(device=args.device, gpus=args.gpus))[0]
+
+
 def roll_out(todo: list[tuple[Task, int]], backend, args: argparse.Namespace, device: str):
     """Yield the finished trajectory records of each group of --tasks-per-batch tasks, all turns done."""
     eval_config = EvalConfig(device=device, gpus=args.gpus)
@@ -673,7 +679,7 @@ def main(argv=None, backend=None) -> None:
     """Run from the command line; `backend` replaces the one --backend names (it must have the same methods)."""
     args = parse_args(argv)
     tasks = load_tasks(args.tasks, args.split)
-    device, _ = resolve_device(EvalConfig(device=args.device, gpus=args.gpus))  # before anything is generated
+    device = kernel_device(args)
     stream = is_stream(args.out)
     earlier = [] if stream else read_done(Path(args.out))
     done = {(r["task"], r["trajectory"]) for r in earlier}
