@@ -537,7 +537,8 @@ def summary_table(records: list[dict]) -> str:
     for record in records:
         for number, turn in enumerate(record["turns"], 1):
             by_turn.setdefault(number, []).append(turn["eval"])
-    lines = [f"{'turn':>4} {'kernels':>8} {'compiled':>9} {'correct':>8} {'mean speedup of correct':>24}"]
+    lines = [f"{len(records)} trajectories of {len({r['task'] for r in records})} tasks, by turn:",
+             f"{'turn':>4} {'kernels':>8} {'compiled':>9} {'correct':>8} {'mean speedup of correct':>24}"]
     for turn, evals in sorted(by_turn.items()):
         speedups = [e["speedup"] for e in evals if e["correct"]]
         mean = f"{sum(speedups) / len(speedups):.2f}x" if speedups else "-"

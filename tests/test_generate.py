@@ -240,7 +240,9 @@ def test_the_summary_after_a_resume_covers_the_whole_output(tmp_path, tiny_backe
     generate.main(run_args(tmp_path / "tasks", out, "--n-trajectories", "1"), backend=tiny_backend)
     capsys.readouterr()
     generate.main(run_args(tmp_path / "tasks", out, "--n-trajectories", "3"), backend=tiny_backend)
-    table = capsys.readouterr().err.split("mean speedup of correct\n")[1].splitlines()
+    err = capsys.readouterr().err
+    assert "3 trajectories of 1 tasks, by turn:" in err
+    table = err.split("mean speedup of correct\n")[1].splitlines()
     assert [line.split()[:2] for line in table] == [["1", "3"], ["2", "3"]]  # turn, kernels: old and new rows
 
 
