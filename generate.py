@@ -16,11 +16,16 @@ Run:
   python generate.py --backend vllm --model Qwen/QwQ-32B --turns 8 --out runs/eval.jsonl
   python generate.py --backend openai --base-url http://localhost:8000/v1 --model my-model ...
   python generate.py --device cpu --max-tokens 64 ...   # C++ instead of CUDA, evaluated on a CPU
+  python generate.py --out - ... | python reward.py - > runs/rewarded.jsonl   # JSONL on stdout
   VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python generate.py --backend vllm \
       --gpu-memory-utilization 0.3 --device cpu --max-tokens 64 ...   # vLLM's CPU build (README)
 
-Output: one JSON line per trajectory (see README, "Data formats"), appended when its group of tasks
-finishes; a re-run with the same --out skips the (task, trajectory) pairs already written.
+Output: one JSON line per trajectory (see README, "Data formats"; turns numbered from 1), appended when
+its group of tasks finishes; a re-run with the same --out skips the (task, trajectory) pairs already
+written. `--out -` (or a pipe) streams the lines to stdout instead, with nothing to resume; progress
+and the summary table always go to stderr. The evaluation device is checked before anything is
+generated, and a --model that is neither a local folder nor a cached or reachable hub id stops the run
+before loading.
 
 Simplifications: every trajectory runs all T turns (a correct kernel is told it can be made faster,
 as in the paper). With --device cpu the rules ask for C++ (`load_inline` with `cpp_sources` only),
@@ -30,6 +35,7 @@ get log-probs, which suits small models and tests; use vllm for real runs.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -39,12 +45,13 @@ import urllib.error
 import urllib.request
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
-from evaluate import FENCE, EvalConfig, evaluate, extract_code, load_tasks as index_tasks
+from evaluate import FENCE, EvalConfig, evaluate, extract_code, load_tasks as index_tasks, resolve_device
 from tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parent
@@ -223,7 +230,7 @@ def render_prompt(source: str, attempts: list[dict], first_turn: bool, device: s
         parts.append(ATTEMPTS_HEADER)
         for attempt in attempts:
             parts.append(ATTEMPT.format(
-                number=attempt["turn"] + 1,
+                number=attempt["turn"],
                 code=CODE.format(code=attempt["code"].rstrip("\n")) if attempt["code"] is not None else NO_CODE,
                 summary=attempt["summary"] or NO_SUMMARY,
                 feedback=attempt["eval"]["feedback"],
@@ -296,7 +303,8 @@ class HFBackend(ChatTokens):
     comes with its `tokenizer` (padding on the left). `synced_gpus` keeps every rank stepping until all
     are done, which sharded models (FSDP, ZeRO-3) need because each forward pass gathers parameters."""
 
-    def __init__(self, model, temperature: float, max_tokens: int, tokenizer=None, synced_gpus: bool = False):
+    def __init__(self, model, temperature: float, max_tokens: int, tokenizer=None, synced_gpus: bool = False,
+                 progress: bool = False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -308,6 +316,7 @@ class HFBackend(ChatTokens):
             raise ValueError("HFBackend: a model object needs its tokenizer")
         self.model, self.tokenizer = model, tokenizer
         self.temperature, self.max_tokens, self.synced_gpus = temperature, max_tokens, synced_gpus
+        self.progress = progress
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else self.tokenizer.eos_token_id])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
@@ -319,11 +328,12 @@ class HFBackend(ChatTokens):
         batch = self.tokenizer.pad({"input_ids": [self.prompt_token_ids(m) for m in prompts]}, return_tensors="pt")
         batch = batch.to(self.model.device)
         torch.manual_seed(seeds[0])
-        with torch.no_grad():
+        with torch.no_grad(), token_progress(self.max_tokens, len(prompts), self.progress) as step:
             out = self.model.generate(
                 **batch, do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
                 max_new_tokens=self.max_tokens, output_scores=True, return_dict_in_generate=True,
                 pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids), synced_gpus=self.synced_gpus,
+                stopping_criteria=[step],
             )
         logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
         new_tokens = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
@@ -335,11 +345,24 @@ class HFBackend(ChatTokens):
         return replies
 
 
+@contextmanager
+def token_progress(max_tokens: int, replies: int, show: bool):
+    """A bar over the tokens of one generation batch, advanced by a stopping criterion that never stops."""
+    import torch
+
+    with tqdm(total=max_tokens, desc=f"generate (batch of {replies})", unit="token", leave=False,
+              disable=not show, file=sys.stderr) as bar:
+        def step(input_ids, scores, **kwargs):
+            bar.update(1)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        yield step
+
+
 class VLLMBackend(ChatTokens):
     """Offline `vllm.LLM`; prompts go in as token ids so the recorded ids are exactly what the model saw."""
 
     def __init__(self, model: str, temperature: float, max_tokens: int, tensor_parallel_size: int,
-                 memory_utilization: float, seed: int, enable_sleep_mode: bool = False):
+                 memory_utilization: float, seed: int, enable_sleep_mode: bool = False, progress: bool = False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
@@ -350,14 +373,14 @@ class VLLMBackend(ChatTokens):
                        gpu_memory_utilization=memory_utilization, logprobs_mode="processed_logprobs",
                        enable_sleep_mode=enable_sleep_mode)
         self.tokenizer = self.llm.get_tokenizer()
-        self.temperature, self.max_tokens = temperature, max_tokens
+        self.temperature, self.max_tokens, self.progress = temperature, max_tokens, progress
 
     def generate(self, prompts: list[list[dict]], seeds: list[int]) -> list[Reply]:
         inputs = [self.TokensPrompt(prompt_token_ids=self.prompt_token_ids(m)) for m in prompts]
         params = [self.SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=seed,
                                       logprobs=0) for seed in seeds]
         replies = []
-        for result in self.llm.generate(inputs, params, use_tqdm=False):
+        for result in self.llm.generate(inputs, params, use_tqdm=self.progress):
             out = result.outputs[0]
             ids = list(out.token_ids)
             logprobs = [step[t].logprob for step, t in zip(out.logprobs, ids)]
@@ -371,8 +394,8 @@ class OpenAIBackend:
     TIMEOUT_S = 3600  # one long reasoning reply can take many minutes
 
     def __init__(self, model: str, temperature: float, max_tokens: int, base_url: str, api_key: str | None,
-                 concurrency: int, retries: int):
-        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
+                 concurrency: int, retries: int, progress: bool = False):
+        self.model, self.temperature, self.max_tokens, self.progress = model, temperature, max_tokens, progress
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.api_key, self.concurrency, self.retries = api_key, concurrency, retries
 
@@ -411,7 +434,8 @@ class OpenAIBackend:
 
     def generate(self, prompts: list[list[dict]], seeds: list[int]) -> list[Reply]:
         with ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(self.complete, prompts, seeds))
+            return list(tqdm(pool.map(self.complete, prompts, seeds), total=len(prompts), desc="generate",
+                             unit="reply", leave=False, disable=not self.progress, file=sys.stderr))
 
 
 # ---------------------------------------------------------------- tasks and output
@@ -442,15 +466,37 @@ def load_tasks(tasks: str, split: str | None) -> list[Task]:
     return [Task(task_id, path, path.read_text()) for task_id, path in index.items()]
 
 
-def read_done(out: Path) -> set[tuple[str, int]]:
-    """(task, trajectory) pairs already in `out`; a last line cut off by an interrupted write is removed."""
+def is_stream(out: str) -> bool:
+    """'-', or something like /dev/stdout or a named pipe: written as it goes, never read back."""
+    path = Path(out)
+    return out == "-" or path.exists() and not path.is_file() and not path.is_dir()
+
+
+def read_done(out: Path) -> list[dict]:
+    """The trajectories already in `out`, blank lines skipped; a last line cut off by an interrupted write is
+    removed. A folder, or a line that is not a trajectory, stops the run before anything is generated."""
+    if out.is_dir():
+        raise SystemExit(f"error: --out {out} is a folder; give a file, e.g. {out / 'rollouts.jsonl'}")
     if not out.exists():
-        return set()
+        return []
     text = out.read_text()
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
         out.write_text(text)
-    return {(r["task"], r["trajectory"]) for r in map(json.loads, text.splitlines())}
+    return [parse_record(line, f"{out}:{number}") for number, line in enumerate(text.splitlines(), 1)
+            if line.strip()]
+
+
+def parse_record(line: str, where: str) -> dict:
+    """One trajectory line of an earlier run, or a one-line error naming the line."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"error: --out {where}: not JSON ({error.msg}); fix the line or pick another --out") from None
+    if not isinstance(record, dict) or not {"task", "trajectory", "turns"} <= record.keys():
+        raise SystemExit(f"error: --out {where}: not a generate.py trajectory (task, trajectory, turns); "
+                         "an existing --out is resumed, so pick another file")
+    return record
 
 
 # ---------------------------------------------------------------- the loop
@@ -460,10 +506,10 @@ def run_turn(records: list[dict], tasks: list[Task], backend, eval_config: EvalC
 
     `device` picks the kernel language the prompt asks for (cpu: C++); a reply's sampling seed comes from
     `seed`, its task, trajectory and turn."""
-    turn = len(records[0]["turns"])
+    turn = len(records[0]["turns"]) + 1  # turns are numbered from 1
     prompts = [fit_prompt(task.source, record["turns"], device, context_budget, backend.count_tokens)
                for task, record in zip(tasks, records)]
-    seeds = [zlib.crc32(f"{seed}/{r['task']}/{r['trajectory']}/{turn}".encode()) for r in records]
+    seeds = [zlib.crc32(f"{seed}/{r['task']}/{r['trajectory']}/{turn - 1}".encode()) for r in records]
     replies = backend.generate(prompts, seeds)
     parsed = [parse_reply(reply.text) for reply in replies]
     # The evaluator gets the answer without its reasoning; a reply without code goes in as empty code,
@@ -483,31 +529,66 @@ def run_turn(records: list[dict], tasks: list[Task], backend, eval_config: EvalC
 
 
 def summary_table(records: list[dict]) -> str:
-    """Per turn: kernels, share that compiled, share correct, mean speedup of the correct ones."""
+    """Per turn (numbered from 1, by position, so files of any age read alike): kernels, share that compiled,
+    share correct, mean speedup of the correct ones."""
+    if not records:
+        return "no rows: no trajectories to summarise"
     by_turn: dict[int, list[dict]] = {}
     for record in records:
-        for turn in record["turns"]:
-            by_turn.setdefault(turn["turn"], []).append(turn["eval"])
-    lines = [f"{'turn':>4} {'kernels':>8} {'compiled':>9} {'correct':>8} {'mean speedup of correct':>24}"]
+        for number, turn in enumerate(record["turns"], 1):
+            by_turn.setdefault(number, []).append(turn["eval"])
+    lines = [f"{len(records)} trajectories of {len({r['task'] for r in records})} tasks, by turn:",
+             f"{'turn':>4} {'kernels':>8} {'compiled':>9} {'correct':>8} {'mean speedup of correct':>24}"]
     for turn, evals in sorted(by_turn.items()):
         speedups = [e["speedup"] for e in evals if e["correct"]]
         mean = f"{sum(speedups) / len(speedups):.2f}x" if speedups else "-"
-        lines.append(f"{turn + 1:>4} {len(evals):>8} {sum(e['compiled'] for e in evals) / len(evals):>9.0%} "
+        lines.append(f"{turn:>4} {len(evals):>8} {sum(e['compiled'] for e in evals) / len(evals):>9.0%} "
                      f"{sum(e['correct'] for e in evals) / len(evals):>8.0%} {mean:>24}")
     return "\n".join(lines)
 
 
+HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+
+
+def check_model(model: str) -> None:
+    """Stop with one line unless `model` is a local folder, or a hub id that is cached or that the hub knows:
+    transformers would otherwise retry for a minute and end in a traceback."""
+    if Path(model).expanduser().exists():
+        return
+    if not HUB_ID.fullmatch(model):
+        raise SystemExit(f"error: --model {model}: no such folder (nor a Hugging Face id like org/name)")
+    from huggingface_hub import model_info, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return
+    try:
+        model_info(model, timeout=10)
+    except Exception as error:  # offline, unknown id, gated: whatever the hub says, the model cannot be loaded
+        raise SystemExit(f"error: --model {model}: not a local folder, not in the Hugging Face cache, and the hub "
+                         f"does not serve it ({type(error).__name__}: {str(error).splitlines()[0][:200]})") from None
+
+
+def check_vllm() -> None:
+    """--backend vllm needs vLLM, which requirements.txt leaves out (README: its own environment)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise SystemExit("error: --backend vllm: vLLM is not installed in this Python (see README, vLLM); "
+                         "use --backend hf or the vLLM environment's python")
+
+
 def make_backend(args: argparse.Namespace):
+    """The backend --backend names, its model checked first; progress bars on stderr."""
     model = args.model
-    if model == "tiny":
-        model = build_tiny_model()
-    if args.backend == "hf":
-        return HFBackend(model, args.temperature, args.max_tokens)
+    if args.backend == "openai":
+        return OpenAIBackend(model, args.temperature, args.max_tokens, args.base_url,
+                             os.environ.get(args.api_key_env), args.concurrency, args.retries, progress=True)
     if args.backend == "vllm":
-        return VLLMBackend(model, args.temperature, args.max_tokens, args.tensor_parallel_size,
-                           args.gpu_memory_utilization, args.seed)
-    return OpenAIBackend(model, args.temperature, args.max_tokens, args.base_url, os.environ.get(args.api_key_env),
-                         args.concurrency, args.retries)
+        check_vllm()
+    model = build_tiny_model() if model == "tiny" else model
+    check_model(model)
+    if args.backend == "hf":
+        return HFBackend(model, args.temperature, args.max_tokens, progress=True)
+    return VLLMBackend(model, args.temperature, args.max_tokens, args.tensor_parallel_size,
+                       args.gpu_memory_utilization, args.seed, progress=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -515,8 +596,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     # what to solve
     p.add_argument("--tasks", default=str(REPO / "tasks"),
                    help="a task file, a folder of tasks (e.g. a KernelBench level), or a split name of tasks/split.json")
-    p.add_argument("--split", default=None, help="keep only the tasks of this split of tasks/split.json (train, eval)")
-    p.add_argument("--out", required=True, help="output JSONL, one trajectory a line; an existing file is resumed")
+    splits = ", ".join(json.loads(SPLITS.read_text())) if SPLITS.exists() else "none"
+    p.add_argument("--split", default=None, help=f"keep only the tasks of this split of tasks/split.json ({splits})")
+    p.add_argument("--out", required=True,
+                   help="output JSONL, one trajectory a line; an existing file is resumed; - for stdout")
     # rollouts (paper defaults)
     p.add_argument("--n-trajectories", type=int, default=16, help="parallel trajectories per task")
     p.add_argument("--turns", type=int, default=4, help="refinement turns per trajectory (paper: 4 train, 8 eval)")
@@ -539,13 +622,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=32, help="openai: requests in flight at once")
     p.add_argument("--retries", type=int, default=5, help="openai: retries of a failed request, with backoff")
     # evaluation
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                   help="where candidates are evaluated; cpu asks for C++ kernels instead of CUDA")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default=EvalConfig.device,
+                   help="where candidates are evaluated; cpu asks for C++ kernels instead of CUDA; auto: cuda "
+                        "when a GPU is visible")
     p.add_argument("--gpus", default=None, help="comma-separated GPU ids for evaluation (default: all visible)")
     args = p.parse_args(argv)
     for flag in ("n_trajectories", "turns", "max_tokens", "context_budget", "concurrency", "tensor_parallel_size"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.temperature <= 0:
+        raise SystemExit(f"--temperature must be positive (replies are sampled; the paper's is 0.9), got "
+                         f"{args.temperature}")
     if args.tasks_per_batch < 0 or args.retries < 0:
         raise SystemExit("--tasks-per-batch and --retries must not be negative")
     if args.gpus is not None:
@@ -555,36 +642,61 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def kernel_device(args: argparse.Namespace) -> str:
+    """'cuda' or 'cpu' (--device auto resolved): where candidates run, so which kernels the prompts ask for.
+    An impossible choice (cuda without a GPU, --gpus not visible) stops the run here, before any generation."""
+    return resolve_device(EvalConfig(device=args.device, gpus=args.gpus))[0]
+
+
+def roll_out(todo: list[tuple[Task, int]], backend, args: argparse.Namespace, device: str):
+    """Yield the finished trajectory records of each group of --tasks-per-batch tasks, all turns done."""
+    eval_config = EvalConfig(device=device, gpus=args.gpus)
+    size = (args.tasks_per_batch or len(todo)) * args.n_trajectories
+    groups = [todo[i:i + size] for i in range(0, len(todo), size)]
+    with tqdm(total=len(groups) * args.turns, desc="rollouts", unit="turn", file=sys.stderr) as progress:
+        for group in groups:
+            group_tasks = [task for task, _ in group]
+            records = [{"task": task.id, "trajectory": k, "turns": []} for task, k in group]
+            for _ in range(args.turns):
+                run_turn(records, group_tasks, backend, eval_config, seed=args.seed, device=device,
+                         context_budget=args.context_budget)
+                progress.update(1)
+            yield records
+
+
+@contextmanager
+def open_out(out: str, stream: bool):
+    """stdout for '-', else the file opened for appending (its folder made)."""
+    if out == "-":
+        yield sys.stdout
+        return
+    if not stream:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a") as f:
+        yield f
+
+
 def main(argv=None, backend=None) -> None:
     """Run from the command line; `backend` replaces the one --backend names (it must have the same methods)."""
     args = parse_args(argv)
     tasks = load_tasks(args.tasks, args.split)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = read_done(out)
+    device = kernel_device(args)
+    stream = is_stream(args.out)
+    earlier = [] if stream else read_done(Path(args.out))
+    done = {(r["task"], r["trajectory"]) for r in earlier}
     todo = [(task, k) for task in tasks for k in range(args.n_trajectories) if (task.id, k) not in done]
-    print(f"{len(tasks)} tasks x {args.n_trajectories} trajectories: {len(done)} already in {out}, "
-          f"{len(todo)} to run", file=sys.stderr)
+    print(f"{len(tasks)} tasks x {args.n_trajectories} trajectories: {len(done)} already in {args.out}, "
+          f"{len(todo)} to run (kernels for {device})", file=sys.stderr)
+    written = []
     if todo:
-        eval_config = EvalConfig(device=args.device, gpus=args.gpus)
         backend = backend or make_backend(args)
-        size = (args.tasks_per_batch or len(tasks)) * args.n_trajectories
-        groups = [todo[i:i + size] for i in range(0, len(todo), size)]
-        with tqdm(total=len(groups) * args.turns, desc="rollouts", unit="turn", file=sys.stderr) as progress:
-            for group in groups:
-                group_tasks = [task for task, _ in group]
-                records = [{"task": task.id, "trajectory": k, "turns": []} for task, k in group]
-                for _ in range(args.turns):
-                    run_turn(records, group_tasks, backend, eval_config, seed=args.seed, device=args.device,
-                             context_budget=args.context_budget)
-                    progress.update(1)
-                with out.open("a") as f:
-                    for record in records:
-                        f.write(json.dumps(record) + "\n")
-                        f.flush()
+        with open_out(args.out, stream) as f:
+            for records in roll_out(todo, backend, args, device):
+                f.write("".join(json.dumps(record) + "\n" for record in records))
+                f.flush()
+                written += records
     ids = {task.id for task in tasks}
-    print(summary_table([r for r in map(json.loads, out.read_text().splitlines()) if r["task"] in ids]),
-          file=sys.stderr)
+    print(summary_table([r for r in earlier + written if r["task"] in ids]), file=sys.stderr)
 
 
 if __name__ == "__main__":

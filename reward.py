@@ -15,6 +15,8 @@ Run:
   python reward.py rollouts.jsonl > rewarded.jsonl
   cat rollouts.jsonl | python reward.py - --return-mode max --gamma 0.8 > rewarded.jsonl
 
+Turns are numbered from 1 in tables and errors, as generate.py numbers them in its records.
+
 Simplifications: a turn's position in its "turns" list is its turn index; trajectories of one task
 may have different numbers of turns and are pooled as they are. A group whose returns are all equal
 gets advantage 0 everywhere (it carries no learning signal).
@@ -107,7 +109,7 @@ def group_key(trajectory_index: int, task: str, turn: int, group_by: str) -> tup
 def trajectory_scores(trajectory: dict, config: RewardConfig) -> list[float]:
     """The score of each turn; a turn whose score cannot be computed is named in the error."""
     scores = []
-    for t, turn in enumerate(trajectory["turns"]):
+    for t, turn in enumerate(trajectory["turns"], 1):
         try:
             scores.append(turn_score(turn["eval"], config))
         except ValueError as error:
@@ -143,7 +145,7 @@ def check_trajectory(record) -> None:
         raise ValueError('missing string field "task"')
     if not isinstance(record.get("turns"), list):
         raise ValueError('missing list field "turns"')
-    for t, turn in enumerate(record["turns"]):
+    for t, turn in enumerate(record["turns"], 1):
         ev = turn.get("eval") if isinstance(turn, dict) else None
         if not isinstance(ev, dict) or not isinstance(ev.get("correct"), bool):
             raise ValueError(f'turn {t}: missing "eval" with a boolean "correct"')
@@ -181,11 +183,13 @@ def load_trajectories(path: str) -> list[dict]:
 
 # ---------------------------------------------------------------- summary
 def summary_table(trajectories: list[dict], group_by: str) -> str:
-    """Per turn: samples, mean score, mean return, share correct; then the zero-std group count."""
+    """Per turn (from 1): samples, mean score, mean return, share correct; then the zero-std group count."""
+    if not trajectories:
+        return "no rows: the input holds no trajectories"
     by_turn = defaultdict(list)
     groups = defaultdict(list)
     for i, trajectory in enumerate(trajectories):
-        for t, turn in enumerate(trajectory["turns"]):
+        for t, turn in enumerate(trajectory["turns"], 1):
             by_turn[t].append(turn)
             groups[group_key(i, trajectory["task"], t, group_by)].append(turn["return"])
     lines = [f"{'turn':>4} {'samples':>8} {'mean score':>11} {'mean return':>12} {'correct':>8}"]

@@ -197,14 +197,15 @@ def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path:
     todo = [task for task in generate.load_tasks(args.tasks, args.split) if task.id not in {t["task"] for t in done}]
     if not todo:
         return done
+    device = generate.kernel_device(args)
     backend = generate.make_backend(args)
-    eval_config = EvalConfig(device=args.device, gpus=args.gpus)
+    eval_config = EvalConfig(device=device, gpus=args.gpus)
     path.parent.mkdir(parents=True, exist_ok=True)
     for task in todo:
         def step(states: list[dict]) -> list[dict]:
             for position, state in enumerate(states):
                 state["trajectory"] = position  # copies of one beam draw their own samples
-            generate.run_turn(states, [task] * len(states), backend, eval_config, seed=args.seed, device=args.device,
+            generate.run_turn(states, [task] * len(states), backend, eval_config, seed=args.seed, device=device,
                               context_budget=args.context_budget)
             return states
 

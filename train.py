@@ -23,13 +23,15 @@ Run:
   accelerate launch --config_file configs/ddp.yaml --num_processes 2 train.py    # also on a CPU (gloo)
   python train.py --rollouts rewarded.jsonl          # offline: update from trajectories written before
   python train.py --resume                           # go on from the last checkpoint in --output-dir
+  python train.py --overwrite                        # start afresh where a previous run left its output
 
 The paper's sizes are the defaults for a real model on a GPU. For the tiny model, or without a GPU, they
 shrink to a demo that finishes in minutes: 2 tasks x 2 trajectories x 2 turns, 128-token replies, 3
 steps; with a GPU on the train split of tasks/ (CUDA kernels), without one on the two CPU-sized tasks in
 tests/tasks (C++ candidates evaluated on the CPU). Output: one JSON line of metrics per step (--log),
 checkpoints in --output-dir/checkpoints, the final model in --output-dir/final, and a table of the
-reward curve at the end.
+reward curve at the end. An --output-dir that holds a previous run is refused unless --resume continues
+it (from the latest checkpoint the metrics log reaches, the log cut back to it) or --overwrite deletes it.
 
 Simplifications, said out loud:
 - Old policy = sampling policy: both gradient steps of a batch take the ratio against the log-probs
@@ -49,6 +51,7 @@ import math
 import os
 import random
 import re
+import shutil
 import sys
 import time
 from collections import Counter
@@ -66,7 +69,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import reward
 from batching import Sample, collate, reply_logits, token_logprobs
 from evaluate import EvalConfig
-from generate import HFBackend, Task, VLLMBackend, load_tasks, run_turn
+from generate import HFBackend, Task, VLLMBackend, check_model, check_vllm, load_tasks, run_turn
 from tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parent
@@ -189,9 +192,9 @@ def rollout_rows(trajectories: list[dict]) -> list[dict]:
     """One small row per turn-sample: what the step's metrics are computed from, after gathering ranks."""
     rows = []
     for record in trajectories:
-        for turn in record["turns"]:
+        for number, turn in enumerate(record["turns"], 1):  # by position: files of any age read alike
             result, ids = turn["eval"], turn["reply"]["token_ids"] or []
-            rows.append({"task": record["task"], "turn": turn["turn"], "score": turn["score"],
+            rows.append({"task": record["task"], "turn": number, "score": turn["score"],
                          "return": turn["return"], "correct": bool(result["correct"]),
                          "compiled": bool(result["compiled"]),
                          "speedup": float(result["speedup"]) if result["correct"] else 0.0,
@@ -211,9 +214,9 @@ def rollout_metrics(rows: list[dict], usual_word: str, max_tokens: int) -> dict[
                "reward/compiled": mean(r["compiled"] for r in rows), "reward/speedup": mean(r["speedup"] for r in rows)}
     for turn in sorted({r["turn"] for r in rows}):
         at = [r for r in rows if r["turn"] == turn]
-        metrics[f"reward/score_turn{turn + 1}"] = mean(r["score"] for r in at)
-        metrics[f"reward/correct_turn{turn + 1}"] = mean(r["correct"] for r in at)
-        metrics[f"reward/speedup_turn{turn + 1}"] = mean(r["speedup"] for r in at)
+        metrics[f"reward/score_turn{turn}"] = mean(r["score"] for r in at)
+        metrics[f"reward/correct_turn{turn}"] = mean(r["correct"] for r in at)
+        metrics[f"reward/speedup_turn{turn}"] = mean(r["speedup"] for r in at)
     returns: dict[str, list[float]] = {}
     for r in rows:
         returns.setdefault(r["task"], []).append(r["return"])
@@ -317,8 +320,45 @@ class ColocatedVLLM(VLLMBackend):
 
 
 # ---------------------------------------------------------------- checkpoints
-def latest_checkpoint(output_dir: Path) -> Path | None:
+def previous_run(output_dir: Path, log_path: Path) -> list[Path]:
+    """What an earlier run left: its checkpoints, final model and metrics log."""
+    return [path for path in (output_dir / "checkpoints", output_dir / "final", log_path) if path.exists()]
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """One-line errors before anything is loaded. A fresh run into the output of a previous one is refused:
+    the old checkpoints would outlive the new metrics, and a later --resume would mix the two runs."""
+    left = previous_run(Path(args.output_dir), Path(args.log))
+    if left and not (args.resume or args.overwrite):
+        raise SystemExit(f"error: {', '.join(map(str, left))} from a previous run: pass --resume to continue it, "
+                         "--overwrite to delete it and start afresh, or another --output-dir")
+    if args.model != "tiny":
+        check_model(args.model)
+    if args.backend == "vllm":
+        check_vllm()
+
+
+def clear_previous_run(output_dir: Path, log_path: Path) -> None:
+    """--overwrite: the previous run's checkpoints, final model and metrics log deleted."""
+    for path in previous_run(output_dir, log_path):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def logged_steps(log_path: Path) -> int:
+    """The last step in the metrics log (0 without one)."""
+    lines = log_path.read_text().splitlines() if log_path.exists() else []
+    return max((json.loads(line)["step"] for line in lines if line.strip()), default=0)
+
+
+def resume_checkpoint(output_dir: Path, log_path: Path) -> Path | None:
+    """The latest checkpoint that the metrics log reaches (any, without a log): where the two agree."""
     found = sorted((output_dir / "checkpoints").glob("step_*"))
+    if log_path.exists():
+        logged = logged_steps(log_path)
+        found = [path for path in found if int(path.name.removeprefix("step_")) <= logged]
     return found[-1] if found else None
 
 
@@ -381,7 +421,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-dir", default=str(REPO / "runs" / "train"), help="checkpoints and the final model go here")
     p.add_argument("--log", default=None, help="per-step metrics JSONL (default: OUTPUT_DIR/metrics.jsonl)")
     p.add_argument("--save-every", type=int, default=10, help="checkpoint every this many steps (and after the last)")
-    p.add_argument("--resume", action="store_true", help="go on from the last checkpoint in --output-dir")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the latest checkpoint in --output-dir that the metrics log reaches")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete a previous run's checkpoints, final model and metrics in --output-dir first")
     p.add_argument("--report-to", choices=["none", "tensorboard", "wandb", "all"], default="none",
                    help="also send metrics to these trackers")
     args = p.parse_args(argv)
@@ -403,6 +446,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.temperature <= 0 or args.max_grad_norm <= 0:
         raise SystemExit("--temperature and --max-grad-norm must be positive")
     args.reward = reward.reward_config(args)
+    if args.resume and args.overwrite:
+        raise SystemExit("--resume continues the previous run and --overwrite deletes it: pass one")
     if args.backend == "vllm" and args.lora_rank:
         raise SystemExit("--backend vllm takes full weights: it cannot be combined with --lora-rank")
     return args
@@ -535,10 +580,14 @@ def resume(args: argparse.Namespace, run: Run) -> tuple[int, Counter]:
     """(steps done, first words seen) from the last checkpoint with --resume, else (0, nothing); the metrics
     log keeps the lines of the steps done only."""
     start, first_words = 0, Counter()
+    if args.overwrite and run.accelerator.is_main_process:
+        clear_previous_run(run.output_dir, run.log_path)
+    run.accelerator.wait_for_everyone()
     if args.resume:
-        checkpoint = latest_checkpoint(run.output_dir)
+        checkpoint = resume_checkpoint(run.output_dir, run.log_path)
         if checkpoint is None:
-            raise SystemExit(f"--resume: no checkpoint in {run.output_dir / 'checkpoints'}")
+            raise SystemExit(f"--resume: no checkpoint in {run.output_dir / 'checkpoints'} (that {run.log_path} "
+                             "reaches)")
         run.accelerator.load_state(str(checkpoint))
         saved = json.loads((checkpoint / "trainer_state.json").read_text())
         start, first_words = saved["step"], Counter(saved["first_words"])
@@ -679,6 +728,7 @@ def save_final(run: Run) -> None:
 # ---------------------------------------------------------------- the loop
 def main(argv=None) -> None:
     args = parse_args(argv)
+    check_inputs(args)
     run = setup(args)
     start, first_words = resume(args, run)
     run.accelerator.init_trackers("kevin-grpo", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)

@@ -57,7 +57,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import reward
 from batching import Sample, collate, reply_logits, token_logprobs
 from evaluate import STATUSES, EvalConfig, evaluate, library_records
-from generate import ChatTokens, HFBackend, load_tasks, parse_reply, render_prompt
+from generate import ChatTokens, HFBackend, load_tasks, parse_reply, render_prompt, token_progress
 from tiny_model import build_tiny_model, random_qwen2
 
 REPO = Path(__file__).resolve().parent
@@ -130,18 +130,19 @@ def jitter_numbers(feedback: str, rng: random.Random) -> str:
 
 def sft_examples(task_source: str, variants: list[dict], turns: int, paths: int, device: str,
                  rng: random.Random) -> list[dict]:
-    """(messages, reply, turn) pairs for one task: turn 1 with every variant, later turns after sampled histories.
+    """(messages, reply, turn) pairs for one task: turn 1 with every variant, later turns after sampled histories
+    (turns numbered from 1, as generate.py numbers them).
 
     Later-turn variants need "eval" (an evaluate.py result, whose feedback the prompt quotes, its numbers
     jittered) and "score"."""
-    examples = [{"messages": render_prompt(task_source, [], True, device), "reply": v["reply"], "turn": 0,
+    examples = [{"messages": render_prompt(task_source, [], True, device), "reply": v["reply"], "turn": 1,
                  "variant": v["variant"]} for v in variants]
     for history in histories(variants, turns, paths, rng) if turns > 1 else []:
         attempts = [{"turn": t, "code": variants[i]["code"], "summary": variants[i]["summary"],
                      "eval": {"feedback": jitter_numbers(variants[i]["eval"]["feedback"], rng)}}
-                    for t, i in enumerate(history)]
+                    for t, i in enumerate(history, 1)]
         messages = render_prompt(task_source, attempts, False, device)
-        examples += [{"messages": messages, "reply": v["reply"], "turn": len(history), "variant": v["variant"]}
+        examples += [{"messages": messages, "reply": v["reply"], "turn": len(history) + 1, "variant": v["variant"]}
                      for v in next_variants(variants, variants[history[-1]])]
     return examples
 
@@ -166,24 +167,26 @@ def learning_rate(step: int, total: int, peak: float, warmup: int) -> float:
 
 # ---------------------------------------------------------------- the check
 @torch.no_grad()
-def greedy_codes(model, tokenizer, prompts: list[dict], max_tokens: int) -> list[str | None]:
-    """The code of the model's most likely reply to each prompt, in one left-padded batch (None: no code block)."""
+def greedy_codes(model, tokenizer, prompts: list[dict], max_tokens: int, progress: bool) -> list[str | None]:
+    """The code of the model's most likely reply to each prompt, in one left-padded batch (None: no code block);
+    with `progress`, a bar over the reply tokens."""
     tokens = ChatTokens()
     tokens.tokenizer = tokenizer
     batch = tokenizer.pad({"input_ids": [tokens.prompt_token_ids(p["messages"]) for p in prompts]},
                           return_tensors="pt").to(model.device)
     config = model.generation_config
-    out = model.generate(**batch, do_sample=False, max_new_tokens=max_tokens, pad_token_id=config.pad_token_id,
-                         eos_token_id=config.eos_token_id)
+    with token_progress(max_tokens, len(prompts), progress) as step:
+        out = model.generate(**batch, do_sample=False, max_new_tokens=max_tokens, pad_token_id=config.pad_token_id,
+                             eos_token_id=config.eos_token_id, stopping_criteria=[step])
     texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     return [parse_reply(text)[0] for text in texts]
 
 
 def sampling_check(model, tokenizer, prompts: list[dict], library_codes: set[str], samples: int,
-                   temperature: float, max_tokens: int, seed: int) -> list[dict]:
+                   temperature: float, max_tokens: int, seed: int, progress: bool) -> list[dict]:
     """Per prompt, `samples` replies at the RL temperature (all in one batch, as train.py samples a group):
     how many parse, how many are a library variant word for word, how many distinct new kernels."""
-    backend = HFBackend(model, temperature, max_tokens, tokenizer=tokenizer)
+    backend = HFBackend(model, temperature, max_tokens, tokenizer=tokenizer, progress=progress)
     replies = backend.generate([p["messages"] for p in prompts for _ in range(samples)], [seed] * len(prompts) * samples)
     rows = []
     for n, prompt in enumerate(prompts):
@@ -244,6 +247,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- the run
+def say(accelerator, message: str) -> None:
+    """One line of progress on stderr, from the main process only: each phase can take minutes."""
+    if accelerator.is_main_process:
+        print(message, file=sys.stderr, flush=True)
+
+
 def judge_library(variants: list[dict], tasks_folder: Path, device: str, turns: int, accelerator) -> None:
     """Give each variant its "score" and, where later turns quote feedback (turns > 1), its "eval": one
     evaluation on the main process, sent to every rank; a verdict other than the file name's is a warning."""
@@ -292,9 +301,8 @@ def fine_tune(args: argparse.Namespace, accelerator, model, samples: list[Sample
     total = args.epochs * len(loader)
     warmup = max(1, total // 20)
     losses, step = [], 0
-    bar = tqdm(range(args.epochs), desc="warm start", unit="epoch", disable=not accelerator.is_main_process,
-               file=sys.stderr)
-    for _ in bar:
+    bar = tqdm(total=total, desc="warm start", unit="step", disable=not accelerator.is_main_process, file=sys.stderr)
+    for epoch in range(args.epochs):
         epoch_loss = []
         for batch in loader:
             for group in optimizer.param_groups:
@@ -307,8 +315,9 @@ def fine_tune(args: argparse.Namespace, accelerator, model, samples: list[Sample
             optimizer.zero_grad()
             epoch_loss.append(loss.item())
             step += 1
+            bar.update(1)
         losses.append(sum(epoch_loss) / len(epoch_loss))
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        bar.set_postfix(epoch=f"{epoch + 1}/{args.epochs}", loss=f"{losses[-1]:.4f}")
     bar.close()
     return accelerator.unwrap_model(model).eval(), losses
 
@@ -347,6 +356,8 @@ def main(argv=None) -> None:
     missing = sorted({v["task"] for v in variants} - set(tasks))
     if missing:
         raise SystemExit(f"--tasks {args.tasks} has no task {missing[0]} (named by the library's files)")
+    if args.turns > 1:
+        say(accelerator, f"evaluating the library: {len(variants)} variants on {args.device}")
     judge_library(variants, args.tasks, args.device, args.turns, accelerator)
     rng = random.Random(args.seed)
     examples = []
@@ -355,6 +366,8 @@ def main(argv=None) -> None:
         examples += [dict(e, task=task_id) for e in sft_examples(tasks[task_id].source, mine, args.turns,
                                                                   args.paths, args.device, rng)]
 
+    say(accelerator, f"{len(examples)} examples from {len(variants)} variants; fine-tuning {args.model} for "
+                     f"{args.epochs} epochs")
     model, tokenizer = load_model(args)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     samples = training_samples(examples, model, tokenizer)
@@ -363,11 +376,17 @@ def main(argv=None) -> None:
 
     library_codes = {v["code"] for v in variants}
     prompts = check_prompts(examples)
-    greedy = [code in library_codes for code in greedy_codes(model, tokenizer, prompts, longest_reply + 16)]
-    check = sampling_check(model, tokenizer, prompts, library_codes, args.check_samples, args.temperature,
-                           longest_reply + 16, args.seed) if args.check_samples else []
+    main_process = accelerator.is_main_process
+    say(accelerator, f"check: greedy replies to {len(prompts)} prompts")
+    greedy = [code in library_codes for code in greedy_codes(model, tokenizer, prompts, longest_reply + 16,
+                                                             main_process)]
+    check = []
+    if args.check_samples:
+        say(accelerator, f"check: {args.check_samples} sampled replies to each of {len(prompts)} prompts")
+        check = sampling_check(model, tokenizer, prompts, library_codes, args.check_samples, args.temperature,
+                               longest_reply + 16, args.seed, main_process)
     if accelerator.is_main_process:
-        per_turn = {t + 1: sum(e["turn"] == t for e in examples) for t in sorted({e["turn"] for e in examples})}
+        per_turn = {t: sum(e["turn"] == t for e in examples) for t in sorted({e["turn"] for e in examples})}
         report = {
             "model": {"source": args.model, "layers": model.config.num_hidden_layers,
                       "hidden": model.config.hidden_size, "parameters": sum(p.numel() for p in model.parameters())},
@@ -376,7 +395,7 @@ def main(argv=None) -> None:
                          "reply_tokens": len(tokenizer(v["reply"], add_special_tokens=False).input_ids) + 1}
                         for v in variants],
             "examples_per_turn": per_turn, "longest_reply_tokens": longest_reply,
-            "loss_per_epoch": losses, "greedy_is_library": dict(zip((f"{p['task']} turn {p['turn'] + 1}"
+            "loss_per_epoch": losses, "greedy_is_library": dict(zip((f"{p['task']} turn {p['turn']}"
                                                                      for p in prompts), greedy)),
             "sampling_check": check, "seconds": round(time.perf_counter() - started, 1), "args": {
                 k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
@@ -399,7 +418,7 @@ def summary_table(report: dict) -> str:
     if report["sampling_check"]:
         lines.append(f"{'task':<16} {'turn':>4} {'samples':>8} {'parsed':>7} {'library':>8} {'new kernels':>12}")
         for r in report["sampling_check"]:
-            lines.append(f"{r['task']:<16} {r['turn'] + 1:>4} {r['samples']:>8} {r['parsed']:>7} {r['library']:>8} "
+            lines.append(f"{r['task']:<16} {r['turn']:>4} {r['samples']:>8} {r['parsed']:>7} {r['library']:>8} "
                          f"{r['new_kernels']:>12}")
     return "\n".join(lines)
 

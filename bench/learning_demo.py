@@ -67,8 +67,9 @@ def train_command(args, kind: str, seed: int, model: str, max_tokens: int, out: 
             "--tasks-per-step", str(args.tasks_per_step), "--n-trajectories", str(n), "--turns", str(turns),
             "--steps", str(args.steps), "--lr", str(args.lr), "--max-tokens", str(max_tokens),
             "--eval-device", args.device, "--seed", str(seed), "--save-every", "2", "--no-bf16",
-            "--output-dir", str(out), "--log", str(out / "metrics.jsonl"), *shlex.split(args.train_args),
-            *(["--resume"] if any((out / "checkpoints").glob("step_*")) else [])]
+            "--output-dir", str(out), "--log", str(out / "metrics.jsonl"),
+            *(["--resume"] if any((out / "checkpoints").glob("step_*")) else ["--overwrite"]),  # unfinished: afresh
+            *shlex.split(args.train_args)]
 
 
 def read_metrics(path: Path) -> list[dict]:

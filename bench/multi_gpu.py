@@ -190,7 +190,7 @@ def train_launch(tag: str, strategy: str | None, processes: int, args: list[str]
     env = {"OMP_NUM_THREADS": "1", TAG: tag}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    return Launch(tag, command + args + ["--output-dir", str(out)], out, env)
+    return Launch(tag, command + args + ["--output-dir", str(out), "--overwrite"], out, env)  # --work-dir reused
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -22,7 +22,7 @@ TASK_SOURCE = "import torch\n\nclass Model(torch.nn.Module):\n    def forward(se
 
 
 def past_turn(turn: int, code: str | None, summary: str | None, feedback: str) -> dict:
-    """A turn record as generate.py writes it, reasoning included in the reply text."""
+    """A turn record as generate.py writes it (turns numbered from 1), reasoning included in the reply text."""
     return {"turn": turn, "reply": {"text": f"<think>REASONING {turn}</think> answer"}, "code": code,
             "summary": summary, "eval": {"feedback": feedback}}
 
@@ -56,8 +56,8 @@ def test_first_turn_prompt_has_rules_example_task_and_no_attempts():
 
 
 def test_later_turn_prompt_lists_attempts_with_code_summary_and_feedback_but_no_example_or_reasoning():
-    history = [past_turn(0, "CODE_ZERO", "SUMMARY_ZERO", "Compilation failed: FEEDBACK_ZERO"),
-               past_turn(1, "CODE_ONE", "SUMMARY_ONE", "Correct. FEEDBACK_ONE")]
+    history = [past_turn(1, "CODE_ZERO", "SUMMARY_ZERO", "Compilation failed: FEEDBACK_ZERO"),
+               past_turn(2, "CODE_ONE", "SUMMARY_ONE", "Correct. FEEDBACK_ONE")]
     text = render_prompt(TASK_SOURCE, history, first_turn=False, device="cuda")[0]["content"]
     for needle in ("CODE_ZERO", "SUMMARY_ZERO", "FEEDBACK_ZERO", "CODE_ONE", "SUMMARY_ONE", "FEEDBACK_ONE",
                    "### Attempt 1", "### Attempt 2", TASK_SOURCE):
@@ -69,7 +69,7 @@ def test_later_turn_prompt_lists_attempts_with_code_summary_and_feedback_but_no_
 
 
 def test_attempt_without_code_is_shown_as_such():
-    history = [past_turn(0, None, None, "Format error: no block")]
+    history = [past_turn(1, None, None, "Format error: no block")]
     text = render_prompt(TASK_SOURCE, history, first_turn=False, device="cuda")[0]["content"]
     assert generate.NO_CODE in text and "Your summary: (none)" in text and "Format error: no block" in text
 
@@ -81,7 +81,7 @@ def test_cpu_prompt_asks_for_cpp_with_cpp_sources_only_and_shows_the_cpu_example
 
 
 def test_budget_drops_the_earliest_attempts_first():
-    history = [past_turn(t, f"CODE_{t}" + "x" * 1000, f"SUMMARY_{t}", f"FEEDBACK_{t}") for t in range(4)]
+    history = [past_turn(t + 1, f"CODE_{t}" + "x" * 1000, f"SUMMARY_{t}", f"FEEDBACK_{t}") for t in range(4)]
     everything = chars(render_prompt(TASK_SOURCE, history, False, "cuda"))
     last_two = chars(render_prompt(TASK_SOURCE, history[2:], False, "cuda"))
     text = fit_prompt(TASK_SOURCE, history, "cuda", budget=last_two, count_tokens=chars)[0]["content"]
@@ -92,7 +92,7 @@ def test_budget_drops_the_earliest_attempts_first():
 
 
 def test_prompt_that_cannot_fit_keeps_the_task_and_drops_every_attempt():
-    history = [past_turn(0, "CODE_0", "SUMMARY_0", "FEEDBACK_0")]
+    history = [past_turn(1, "CODE_0", "SUMMARY_0", "FEEDBACK_0")]
     text = fit_prompt(TASK_SOURCE, history, "cuda", budget=10, count_tokens=chars)[0]["content"]
     assert TASK_SOURCE in text and "CODE_0" not in text
     assert EXAMPLE_SUMMARY not in text  # still a later turn: no example
@@ -179,7 +179,7 @@ def test_hf_loop_writes_one_record_per_trajectory_with_every_turn(tmp_path, tiny
     assert [(r["task"], r["trajectory"]) for r in records] == [("toy/add", 0), ("toy/add", 1)]
     tokenizer = tiny_backend.tokenizer
     for record in records:
-        assert [t["turn"] for t in record["turns"]] == [0, 1]
+        assert [t["turn"] for t in record["turns"]] == [1, 2]  # numbered from 1, as every table is
         for turn in record["turns"]:
             assert set(turn) == {"turn", "prompt", "reply", "code", "summary", "eval"}
             prompt, reply = turn["prompt"], turn["reply"]
@@ -222,6 +222,32 @@ def test_rerun_with_the_same_out_resumes_without_generating_again(tmp_path, tiny
     assert tiny_backend.calls == calls + 2  # one batch per turn, for trajectory 1 only
     lines = out.read_text().splitlines(keepends=True)
     assert lines[0] == first_line and json.loads(lines[1])["trajectory"] == 1 and len(lines) == 2
+
+
+def test_blank_lines_in_an_existing_out_are_skipped_on_resume(tmp_path, tiny_backend):
+    write_add_task(tmp_path / "tasks")
+    out = tmp_path / "rollouts.jsonl"
+    generate.main(run_args(tmp_path / "tasks", out), backend=tiny_backend)
+    calls = tiny_backend.calls
+    out.write_text(out.read_text().replace("\n", "\n\n", 1) + "   \n")
+    generate.main(run_args(tmp_path / "tasks", out), backend=tiny_backend)
+    assert tiny_backend.calls == calls
+
+
+def test_the_summary_after_a_resume_covers_the_whole_output(tmp_path, tiny_backend, capsys):
+    write_add_task(tmp_path / "tasks")
+    out = tmp_path / "rollouts.jsonl"
+    generate.main(run_args(tmp_path / "tasks", out, "--n-trajectories", "1"), backend=tiny_backend)
+    capsys.readouterr()
+    generate.main(run_args(tmp_path / "tasks", out, "--n-trajectories", "3"), backend=tiny_backend)
+    err = capsys.readouterr().err
+    assert "3 trajectories of 1 tasks, by turn:" in err
+    table = err.split("mean speedup of correct\n")[1].splitlines()
+    assert [line.split()[:2] for line in table] == [["1", "3"], ["2", "3"]]  # turn, kernels: old and new rows
+
+
+def test_summary_of_no_trajectories_says_no_rows():
+    assert generate.summary_table([]) == "no rows: no trajectories to summarise"
 
 
 class ScriptedBackend:
@@ -358,7 +384,18 @@ def test_help_is_quick_because_nothing_heavy_is_imported_at_the_top():
 def test_paper_defaults():
     args = generate.parse_args(["--out", "x.jsonl"])
     assert (args.n_trajectories, args.turns, args.temperature, args.max_tokens) == (16, 4, 0.9, 16384)
-    assert args.model == "tiny" and args.backend == "hf"
+    assert args.model == "tiny" and args.backend == "hf" and args.device == "auto"  # evaluate.py's default
+
+
+def run_cli(*argv: str, timeout: int = 60, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "generate.py"), *argv], capture_output=True, text=True,
+                          cwd=kwargs.pop("cwd", ROOT), timeout=timeout, **kwargs)
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, message: str) -> None:
+    """Exit status 1 or 2, the message on the last line of stderr, no traceback."""
+    assert done.returncode in (1, 2), done.stderr[-2000:]
+    assert message in done.stderr.strip().splitlines()[-1] and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -366,11 +403,85 @@ def test_paper_defaults():
     (["--split", "no-such-split"], "--split no-such-split"),
     (["--gpus", "0,x"], "--gpus"),
     (["--turns", "0"], "--turns must be at least 1"),
+    (["--temperature", "0"], "--temperature must be positive"),
+    (["--temperature", "-1"], "--temperature must be positive"),
+    (["--model", "/nonexistent"], "--model /nonexistent: no such folder"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, argv, message):
-    done = subprocess.run([sys.executable, "generate.py", "--out", str(tmp_path / "o.jsonl"), *argv],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+    assert_one_line_error(run_cli("--out", str(tmp_path / "o.jsonl"), "--device", "cpu", *argv), message)
+
+
+def test_a_model_id_neither_local_nor_served_by_the_hub_fails_fast_in_one_line(tmp_path):
+    """Offline (or for an id the hub does not know) transformers retries for about a minute: checked first."""
+    done = run_cli("--out", str(tmp_path / "o.jsonl"), "--device", "cpu", "--model", "no-such-org/no-such-model",
+                   timeout=30)
+    assert_one_line_error(done, "--model no-such-org/no-such-model: not a local folder, not in the Hugging Face cache")
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_the_vllm_backend_without_vllm_is_a_one_line_error(tmp_path):
+    done = run_cli("--out", str(tmp_path / "o.jsonl"), "--device", "cpu", "--backend", "vllm")
+    assert_one_line_error(done, "--backend vllm: vLLM is not installed")
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json\n", "o.jsonl:1: not JSON"),
+    ('{"task": "level1/7_ReLU", "code": "x", "status": "correct"}\n', "o.jsonl:1: not a generate.py trajectory"),
+])
+def test_an_out_that_is_not_a_trajectory_file_is_a_one_line_error(tmp_path, content, message):
+    (tmp_path / "o.jsonl").write_text(content)
+    assert_one_line_error(run_cli("--out", str(tmp_path / "o.jsonl"), "--device", "cpu"), message)
+    assert (tmp_path / "o.jsonl").read_text() == content
+
+
+def test_an_out_that_is_a_folder_is_a_one_line_error(tmp_path):
+    assert_one_line_error(run_cli("--out", str(tmp_path), "--device", "cpu"), f"--out {tmp_path} is a folder")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_without_a_gpu_the_default_device_evaluates_cpp_on_the_cpu_and_shows_generation_progress(tmp_path):
+    write_add_task(tmp_path / "tasks")
+    out = tmp_path / "o.jsonl"
+    done = run_cli("--tasks", str(tmp_path / "tasks"), "--out", str(out), "--n-trajectories", "1", "--turns", "1",
+                   "--max-tokens", "4", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [record] = read_records(out)
+    assert "cpp_sources` only" in record["turns"][0]["prompt"]["messages"][0]["content"]
+    assert "generate (batch of 1)" in done.stderr and "token" in done.stderr  # the bar over reply tokens
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_device_cuda_without_a_gpu_stops_before_generating_anything(tmp_path):
+    write_add_task(tmp_path / "tasks")
+    done = run_cli("--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "o.jsonl"), "--device", "cuda")
+    assert_one_line_error(done, "but 0 are visible")
+    assert "rollouts" not in done.stderr and not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize("out", ["-", "/dev/stdout"])
+def test_out_to_stdout_pipes_into_reward(tmp_path, out):
+    """The README's chain as a real pipeline: JSONL on stdout, progress and the table on stderr."""
+    write_add_task(tmp_path / "tasks")
+    gen = subprocess.Popen([sys.executable, str(ROOT / "generate.py"), "--tasks", str(tmp_path / "tasks"), "--out", out,
+                            "--n-trajectories", "2", "--turns", "2", "--max-tokens", "4", "--device", "cpu"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    rewarded = subprocess.run([sys.executable, str(ROOT / "reward.py"), "-"], stdin=gen.stdout, capture_output=True,
+                              text=True, timeout=300)
+    gen.stdout.close()
+    assert gen.wait(timeout=60) == 0, gen.stderr.read()[-3000:]
+    assert "mean speedup of correct" in gen.stderr.read()
+    assert rewarded.returncode == 0, rewarded.stderr
+    records = [json.loads(line) for line in rewarded.stdout.splitlines()]
+    assert [(r["trajectory"], len(r["turns"])) for r in records] == [(0, 2), (1, 2)]
+    assert all("advantage" in turn for r in records for turn in r["turns"])
+    assert list(tmp_path.iterdir()) == [tmp_path / "tasks"]  # no file named "-"
+
+
+def test_split_help_names_the_splits_of_split_json():
+    splits = json.loads((ROOT / "tasks" / "split.json").read_text())
+    help_text = " ".join(run_cli("--help").stdout.split())
+    assert f"tasks/split.json ({', '.join(splits)})" in help_text
 
 
 def test_a_split_name_selects_that_split_of_the_shipped_tasks():

@@ -24,6 +24,7 @@ def test_single_turn_run_writes_as_many_kernels_per_step_as_the_multi_turn_run()
     assert (flag(single, "--n-trajectories"), flag(single, "--turns")) == ("16", "1")
     assert flag(single, "--seed") == flag(multi, "--seed") == "1"
     assert multi[-2:] == single[-2:] == ["--group-by", "task-turn"]
+    assert "--overwrite" in multi and "--resume" not in multi  # no checkpoint yet: a leftover log is started over
 
 
 def metrics_row(step: int, score: float, per_turn: list[float]) -> dict:

@@ -54,7 +54,7 @@ def test_turn_score_refuses_a_correct_kernel_whose_speedup_is_not_a_finite_numbe
 def test_online_rewards_refuse_an_infinite_speedup_and_name_the_turn():
     """train.py rewards its rollouts with add_rewards straight from evaluate.py, which times a kernel that
     runs in 0 ms as an infinite speedup: that must stop the step, not turn its advantages into nan."""
-    with pytest.raises(ValueError, match="task A trajectory 0 turn 1: correct but \"speedup\" is inf"):
+    with pytest.raises(ValueError, match="task A trajectory 0 turn 2: correct but \"speedup\" is inf"):
         add_rewards([trajectory("A", 0, ev(False), ev(True, math.inf))])
 
 
@@ -147,9 +147,10 @@ def test_cli_round_trip_writes_rewards_and_a_summary(tmp_path):
     assert result.returncode == 0, result.stderr
     out = [json.loads(line) for line in result.stdout.splitlines()]
     assert out == add_rewards([TASK_A0, TASK_A1, TASK_B0], SMALL)
-    # turn 0: scores [0, 1, 0], returns [1, 1, 0], 1 of 3 correct; turn 1: scores [2, 0], 1 of 2 correct
-    assert "   0        3      0.3333       0.6667    33.3%" in result.stderr
-    assert "   1        2      1.0000       1.0000    50.0%" in result.stderr
+    # turns numbered from 1, as generate.py numbers them
+    # turn 1: scores [0, 1, 0], returns [1, 1, 0], 1 of 3 correct; turn 2: scores [2, 0], 1 of 2 correct
+    assert "   1        3      0.3333       0.6667    33.3%" in result.stderr
+    assert "   2        2      1.0000       1.0000    50.0%" in result.stderr
     assert "groups (by task): 2, with zero std (advantage 0): 1" in result.stderr
 
 
@@ -160,6 +161,12 @@ def test_cli_reads_stdin_and_honours_return_mode_and_group_by():
     (out,) = [json.loads(line) for line in result.stdout.splitlines()]
     half = 0.5 / (0.5 + 1e-6)  # returns [1, 2]: mean 1.5, population std 0.5
     assert [(t["return"], t["advantage"]) for t in out["turns"]] == [(1.0, pytest.approx(-half)), (2.0, pytest.approx(half))]
+
+
+def test_cli_on_empty_input_says_there_are_no_rows():
+    result = run_cli("-", stdin="\n")
+    assert result.returncode == 0 and result.stdout == ""
+    assert result.stderr.strip() == "no rows: the input holds no trajectories"
 
 
 def test_cli_names_the_line_of_invalid_json(tmp_path):
@@ -177,7 +184,7 @@ def test_cli_names_the_line_and_turn_of_a_correct_kernel_without_speedup(tmp_pat
     path.write_text(json.dumps(trajectory("A", 0, ev(False), ev(True, None))) + "\n")
     result = run_cli(str(path))
     assert result.returncode != 0
-    assert f"{path}:1: malformed trajectory: turn 1: correct but \"speedup\" is None" in result.stderr
+    assert f"{path}:1: malformed trajectory: turn 2: correct but \"speedup\" is None" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from scale_test import (allocations, beam_search, best_at_k, offline_report, group_pools, pass_at_k, pool_metrics,
                         task_metrics, trajectory_outcome)
@@ -238,6 +239,20 @@ def test_live_mode_generates_each_allocation_and_measures_it(tmp_path):
     assert set(report["allocations"][0]["per_task"]) == {"level0/relu"}
     assert report["curves"]["vs_turns"]["k"] == 2 and len(report["curves"]["vs_turns"]["points"]) == 2
     assert "| independent | 4 x 1 | 4 |" in result.stdout and "| beam | 2 x 2 | 4 |" in result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_live_beam_without_a_gpu_asks_for_cpp_and_evaluates_on_the_cpu_by_default(tmp_path):
+    """generate.py's --device auto, resolved before the beam's prompts are written."""
+    pytest.importorskip("transformers")
+    task = tmp_path / "tasks" / "level0" / "relu.py"
+    task.parent.mkdir(parents=True)
+    task.write_text(TINY_TASK)
+    result = run_cli("--live", "--budget", "2", "--turns", "1", "--beam-width", "2", "--beam-keep", "1",
+                     "--out-dir", str(tmp_path / "runs"), f"--generate-args=--tasks {task} --max-tokens 4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    beams = [json.loads(line) for line in (tmp_path / "runs" / "beam_2x1_keep1.jsonl").read_text().splitlines()]
+    assert beams and all("cpp_sources` only" in b["turns"][0]["prompt"]["messages"][0]["content"] for b in beams)
 
 
 def test_live_mode_refuses_generate_flags_it_sets_itself():

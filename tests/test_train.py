@@ -349,6 +349,46 @@ def test_resume_from_a_checkpoint_ends_with_the_same_weights(tmp_path, rollouts,
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
 
 
+def checkpoints(out: Path) -> list[str]:
+    return sorted(path.name for path in (out / "checkpoints").iterdir())
+
+
+def test_a_fresh_run_into_a_previous_runs_output_is_refused_in_one_line(tmp_path, rollouts, offline_run):
+    out = tmp_path / "run"
+    shutil.copytree(offline_run[0], out)
+    log = (out / "metrics.jsonl").read_text()
+    done = subprocess.run([sys.executable, "train.py", *offline_args(rollouts, out)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "--resume" in done.stderr.strip().splitlines()[-1] and "--overwrite" in done.stderr
+    assert (out / "metrics.jsonl").read_text() == log and checkpoints(out) == ["step_000001", "step_000002"]
+
+
+def test_overwrite_deletes_the_previous_run_so_no_stale_checkpoint_is_left(tmp_path, rollouts, offline_run):
+    out = tmp_path / "run"
+    shutil.copytree(offline_run[0], out)
+    shutil.copytree(out / "checkpoints" / "step_000002", out / "checkpoints" / "step_000005")  # a longer old run
+    run_train(*offline_args(rollouts, out), "--overwrite")
+    assert [m["step"] for m in read_log(out)] == [1, 2] and checkpoints(out) == ["step_000001", "step_000002"]
+    uninterrupted, again = final_weights(offline_run[0]), final_weights(out)
+    assert all(torch.equal(again[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def test_resume_takes_the_latest_checkpoint_the_metrics_log_reaches(tmp_path, rollouts, offline_run):
+    """A log that ends before the latest checkpoint (here: cut back to step 1) is where the run goes on from,
+    so the steps in the log and the weights stay one run."""
+    out = tmp_path / "run"
+    shutil.copytree(offline_run[0], out)
+    shutil.rmtree(out / "final")
+    log = out / "metrics.jsonl"
+    log.write_text(log.read_text().splitlines(keepends=True)[0])
+    done = run_train(*offline_args(rollouts, out), "--resume")
+    assert "step_000001 after step 1" in done.stdout
+    assert [m["step"] for m in read_log(out)] == [1, 2]
+    uninterrupted, resumed = final_weights(offline_run[0]), final_weights(out)
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
 def test_lora_trains_adapters_only(tmp_path, rollouts):
     pytest.importorskip("peft")
     run_train(*offline_args(rollouts, tmp_path), "--lora-rank", "4")
@@ -379,6 +419,8 @@ def test_paper_defaults_and_the_gpu_sizes():
     (["--turns", "0"], "--turns must be at least 1"),
     (["--rollouts", "no/such.jsonl"], "cannot read no/such.jsonl"),
     (["--resume"], "no checkpoint"),
+    (["--resume", "--overwrite"], "pass one"),
+    (["--model", "/nonexistent"], "--model /nonexistent: no such folder"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, argv, message):
     done = subprocess.run([sys.executable, "train.py", "--output-dir", str(tmp_path), *argv],

@@ -62,12 +62,13 @@ def test_a_refiner_never_repeats_a_failure_and_never_falls_below_its_last_attemp
 def test_later_turn_prompts_quote_each_attempt_with_its_feedback_and_reply_with_an_allowed_variant():
     variants = scored(0.0, 0.0, 0.4, 1.2)
     examples = ws.sft_examples("class Model: ...\n", variants, turns=3, paths=6, device="cpu", rng=random.Random(0))
-    assert sorted(e["reply"] for e in examples if e["turn"] == 0) == sorted(v["reply"] for v in variants)
-    later = [e for e in examples if e["turn"] > 0]
-    assert later and max(e["turn"] for e in later) == 2
+    assert sorted(e["reply"] for e in examples if e["turn"] == 1) == sorted(v["reply"] for v in variants)
+    later = [e for e in examples if e["turn"] > 1]
+    assert later and max(e["turn"] for e in later) == 3  # turns numbered from 1, as generate.py numbers them
     for e in later:
         prompt = e["messages"][0]["content"]
-        assert prompt.count("### Attempt") == e["turn"]
+        assert prompt.count("### Attempt") == e["turn"] - 1
+        assert "### Attempt 1\n" in prompt and f"### Attempt {e['turn'] - 1}\n" in prompt
         last = max(variants, key=lambda v: prompt.rfind(v["code"]))  # the attempt quoted last
         assert f"Feedback: {last['eval']['feedback']}" in prompt
         assert e["reply"] in [v["reply"] for v in ws.next_variants(variants, last)]
@@ -97,3 +98,18 @@ def test_a_short_fine_tune_makes_the_greedy_reply_a_library_kernel(tmp_path):
 
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "model").config.num_hidden_layers == 1
     assert AutoTokenizer.from_pretrained(tmp_path / "model").eos_token == "<|im_end|>"
+
+
+def test_every_phase_shows_progress_on_stderr(tmp_path, capsys):
+    """A default run takes many minutes: each phase says what it does, training and generation show bars."""
+    library = tmp_path / "library" / "level1"
+    library.mkdir(parents=True)
+    shutil.copy(LIBRARIES["cpu"] / "level1" / "7_ReLU.correct_vectorised.py", library)
+    ws.main(["--device", "cpu", "--library", str(library.parent), "--turns", "1", "--layers", "1", "--hidden", "64",
+             "--epochs", "2", "--check-samples", "2", "--out", str(tmp_path / "model")])
+    err = capsys.readouterr().err
+    phases = ["1 examples from 1 variants; fine-tuning tiny for 2 epochs", "warm start", "epoch=2/2",
+              "check: greedy replies to 1 prompts", "check: 2 sampled replies to each of 1 prompts", "token"]
+    assert all(phase in err for phase in phases), err[-2000:]
+    order = [err.index(phases[0]), err.index(phases[3]), err.index(phases[4])]
+    assert order == sorted(order)
