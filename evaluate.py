@@ -19,9 +19,12 @@ Pipeline, per call of `evaluate(records)`:
      synchronize, median, floored at the timer's resolution so that a speedup is always finite).
   A crash, illegal memory access, `sys.exit` or hang kills only that child; the result says so (isolation.py).
 
-The file reads in that order: config, tasks, the static rules, the checking inside the run child
-(`check_correctness`, `check_own_kernel_share`, `time_models`, composed by `_run`), feedback, the
-scheduler (`_Evaluation`), the command line (one flag per EvalConfig field).
+The file reads in that order: config, tasks, the checking inside the run child (`check_correctness`,
+`check_own_kernel_share`, `time_models`, composed by `_run`), feedback, the scheduler (`_Evaluation`), the
+command line. Its machinery lives in helper modules named for what they do: static_rules.py (parsing and
+the static rules), run_child.py (what the checks stand on: poison, probes, the timer, the profiler, the
+tamper check), eval_children.py (the children's settings and what their output comes down to),
+config_flags.py (one flag per EvalConfig field), build_cache.py and isolation.py; none imports this one.
 
 Defaults follow the KernelBench version Kevin used (atol = rtol = 1e-2, seed 42 before building each
 model so parameters made the same way match); where the paper is silent (number of correctness inputs,
@@ -35,9 +38,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import ast
 import collections
-import inspect
 import itertools
 import json
 import math
@@ -47,22 +48,25 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 import sandbox
-from build_cache import BuildCache, compile_extension, load_from_cache
-from isolation import ChildSettings, finish_child, hidden_from_children, run_in_child, start_child, stop_child_later
+from build_cache import BuildCache, compile_extension
+from isolation import finish_child, hidden_from_children, run_in_child, start_child, stop_child_later
+from run_child import (RunChild, TamperCheck, changed, clone, flatten_outputs, import_file,  # noqa: F401
+                       make_timer, own_kernel_share)
+from config_flags import add_config_flags, given_flags
+from eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
+from static_rules import FENCE, extract_code, kernel_names, static_check  # noqa: F401 (their public home is here too)
 
 ROOT = Path(__file__).resolve().parent
 STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
@@ -150,147 +154,8 @@ def resolve_task(task: str, index: dict[str, Path]) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Parsing and the static rules
-
-FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
-
-
-def extract_code(reply: str) -> str | None:
-    """The candidate in a reply: its last fenced Python (or untagged) block, else its last block.
-
-    A text without any fence that mentions ModelNew is taken as source code as it is."""
-    blocks = FENCE.findall(reply)
-    if not blocks:
-        return reply if "```" not in reply and "ModelNew" in reply else None
-    python = [body for lang, body in blocks if lang.lower() in ("", "python", "py", "python3")]
-    return (python or [blocks[-1][1]])[-1]
-
-
-# torch.nn names a solution may use: the module system, parameters, containers and init.
-ALLOWED_NN = {"Module", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict",
-              "Sequential", "init", "Buffer"}
-# torch.* calls a solution may make: allocation, random init, dtypes/devices and the extension builder.
-ALLOWED_TORCH_CALLS = {
-    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-    "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "arange", "tensor",
-    "as_tensor", "from_numpy", "manual_seed", "device", "dtype", "Size", "Tensor", "no_grad",
-    "inference_mode", "is_tensor", "get_default_dtype", "set_grad_enabled", "is_grad_enabled",
-    "is_floating_point",
-}
-ALLOWED_TORCH_NAMESPACES = ("torch.cuda", "torch.utils.cpp_extension", "torch.nn.init", "torch.backends")
-# module -> the rule that bans it: work outside the timed region, or reaching into the checker's memory.
-BANNED_IMPORTS = {"threading": "threads", "multiprocessing": "threads", "concurrent": "threads",
-                  "asyncio": "threads", "subprocess": "threads", "ctypes": "introspection",
-                  "gc": "introspection", "inspect": "introspection", "builtins": "introspection",
-                  "importlib": "introspection"}
-# Attributes that reach frames, globals or other objects' code: the evaluator's locals are one hop away.
-INTROSPECTION = {"_getframe", "f_back", "f_locals", "f_globals", "f_code", "tb_frame", "gi_frame", "cr_frame",
-                 "__globals__", "__builtins__", "__closure__", "__code__", "__import__"}
-
-
-NATIVE_THREADS = re.compile(r"std::thread|std::async|std::jthread|pthread_create|cudaLaunchHostFunc|"
-                            r"cudaStreamAddCallback")
-GLOBAL_FUNCTION = re.compile(r"__global__\s+[\w:<>,\s*&]*?\b(\w+)\s*\(")
-
-
-def kernel_names(code: str) -> list[str]:
-    """Names of the __global__ functions a candidate defines: its own kernels, as the profiler names them."""
-    return sorted(set(GLOBAL_FUNCTION.findall(re.sub(r"__launch_bounds__\s*\([^)]*\)", "", code))))
-
-
-def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
-    """`nn.functional.relu` -> `torch.nn.functional.relu`, through the module's import aliases."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name) or node.id not in aliases:
-        return None
-    return ".".join([aliases[node.id], *reversed(parts)])
-
-
-def static_check(code: str, device: str) -> tuple[str, str] | None:
-    """(status, feedback) if the source breaks a rule, else None. Cheap: no import, no build."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as e:
-        return "compile_error", f"Python syntax error on line {e.lineno}: {e.msg}"
-    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
-    if "ModelNew" not in classes:
-        return "format_error", "The code defines no `class ModelNew(torch.nn.Module)`."
-    aliases: dict[str, str] = {"torch": "torch"}
-    violations: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                aliases[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-                if a.name.startswith("torch.nn.functional"):
-                    violations.append("[torch-functional] imports torch.nn.functional")
-                if a.name.split(".")[0] in BANNED_IMPORTS:
-                    violations.append(f"[{BANNED_IMPORTS[a.name.split('.')[0]]}] line {node.lineno}: "
-                                      f"importing {a.name} is not allowed")
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for a in node.names:
-                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-            if node.module.startswith("torch.nn.functional") or (
-                    node.module == "torch.nn" and any(a.name == "functional" for a in node.names)):
-                violations.append("[torch-functional] imports torch.nn.functional")
-            if node.module.split(".")[0] in BANNED_IMPORTS:
-                violations.append(f"[{BANNED_IMPORTS[node.module.split('.')[0]]}] line {node.lineno}: "
-                                  f"importing {node.module} is not allowed")
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
-            violations.append(f"[try-except] line {node.lineno}: try/except is not allowed (no fallback paths)")
-        elif isinstance(node, ast.Pass):
-            violations.append(f"[pass] line {node.lineno}: `pass` is not allowed")
-        elif isinstance(node, (ast.Attribute, ast.Name)):
-            if (node.attr if isinstance(node, ast.Attribute) else node.id) in INTROSPECTION:
-                violations.append(f"[introspection] line {node.lineno}: "
-                                  f"{node.attr if isinstance(node, ast.Attribute) else node.id} is not allowed")
-            name = _dotted(node, aliases)
-            if name and isinstance(node, ast.Attribute) and node.attr in BANNED_IMPORTS:  # torch.cuda.threading
-                violations.append(f"[{BANNED_IMPORTS[node.attr]}] line {node.lineno}: {name} is not allowed")
-            if name and name.startswith("torch.nn.") and not name.startswith("torch.nn.init"):
-                member = name.split(".")[2]
-                if member == "functional":
-                    violations.append(f"[torch-functional] line {node.lineno}: {name} is not allowed")
-                elif member not in ALLOWED_NN and member[:1].isupper():
-                    violations.append(f"[torch-nn-layer] line {node.lineno}: torch.nn.{member} is not allowed "
-                                      "(only Module, Parameter, containers and init)")
-        if isinstance(node, ast.Call):
-            name = _dotted(node.func, aliases)
-            if (name and name.startswith("torch.") and not name.startswith(ALLOWED_TORCH_NAMESPACES)
-                    and not name.startswith("torch.nn.") and name.split(".")[1] not in ALLOWED_TORCH_CALLS):
-                violations.append(f"[torch-op] line {node.lineno}: the PyTorch op {name}() is not allowed: "
-                                  "the work must be done by your own kernel")
-    bases = {_dotted(b, {**aliases, "Model": "Model"}) or "" for b in classes["ModelNew"].bases}
-    if "Model" in bases or any(b.endswith(".Model") for b in bases):
-        violations.append("[subclass-reference] ModelNew must not subclass the reference Model")
-    if NATIVE_THREADS.search(code):
-        violations.append("[threads] native code must not start threads or host callbacks (std::thread, "
-                          "pthread_create, std::async, cudaLaunchHostFunc)")
-    if "load_inline" not in code:
-        violations.append("[no-kernel] no native kernel: build one with torch.utils.cpp_extension.load_inline")
-    elif device == "cuda" and not kernel_names(code):
-        violations.append("[no-kernel] no CUDA kernel: cuda_sources must define a __global__ kernel")
-    if violations:
-        unique = list(dict.fromkeys(violations))
-        return "rejected", "Rejected by the rules:\n" + "\n".join(f"- {v}" for v in unique[:10])
-    return None
-
-
-# ----------------------------------------------------------------------------------------------------
-# The build child's job (run in isolation.py's children; the run child's job, `_run`, follows the checks)
-
-
-def import_file(path: str, name: str):
-    """Execute a source file as a module (a task, or a candidate) without touching sys.modules."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# The build child's job (run in isolation.py's children; the run child's job, `_run`, follows the checks;
+# the static rules before both are in static_rules.py)
 
 
 def _build(payload: dict) -> dict:
@@ -301,18 +166,7 @@ def _build(payload: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The check and the timing, inside the run child
-
-
-def flatten_outputs(out) -> list:
-    """A model's output as a list of outputs: a tuple or list as it is, anything else alone."""
-    return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-def _identical(a, b) -> bool:
-    """Bitwise equal, NaN included."""
-    return torch.equal(a, b) or (a.is_floating_point() and a.shape == b.shape
-                                 and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+# The check and the timing, inside the run child (what they stand on: run_child.py)
 
 
 def _compare(candidate, reference, atol: float, rtol: float) -> tuple[str | None, str | None, float]:
@@ -356,160 +210,9 @@ def _compare(candidate, reference, atol: float, rtol: float) -> tuple[str | None
     return None, None, worst
 
 
-def _trusted_objects() -> dict:
-    """Everything the check and the timing call, by identity: a candidate that replaces one is rejected.
-    Every method of torch.Tensor, every builtin, torch's and torch.cuda's functions, this module's own and
-    _RunChild's."""
-    import builtins
-
-    owners = {"torch": torch, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
-              "torch.Tensor": torch.Tensor, "builtins": builtins, "time": time, "evaluate": sys.modules[__name__],
-              "evaluate._RunChild": _RunChild}
-    return {f"{label}.{name}": value for label, owner in owners.items() for name, value in vars(owner).items()
-            if callable(value)}
 
 
-# Namespaces of library kernels (ATen, CUB, CUTLASS, ...): a candidate's kernel named like one of those
-# is still theirs only if it is not in one of these.
-LIBRARY_NAMESPACES = {"at", "native", "c10", "cub", "thrust", "cutlass", "cute", "cublas", "cudnn", "flash", "triton"}
-# Work that computes nothing (allocation fills, copies): counted on neither side of the share.
-NEUTRAL_KERNEL = re.compile(r"Memset|Memcpy|FillFunctor|direct_copy_kernel")
-
-
-def is_own_kernel(event_name: str, names: list[str]) -> bool:
-    """Whether a profiled kernel is one of the candidate's own __global__ functions (not a library kernel)."""
-    qualified = re.sub(r"^void\s+|\(anonymous namespace\)::", "", event_name).split("(")[0].split("<")[0].strip()
-    *namespaces, base = qualified.split("::")
-    return base in names and not LIBRARY_NAMESPACES.intersection(namespaces)
-
-
-def _own_kernel_share(model, args: list, names: list[str]) -> tuple[float, list[str]] | None:
-    """Share of the GPU time of one call spent in the candidate's own kernels, and the top other kernels;
-    None where the profiler sees no computing kernel at all."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        model(*args)
-        torch.cuda.synchronize()
-    own = total = 0.0
-    others: dict[str, float] = {}
-    for event in prof.events():
-        if event.device_type != DeviceType.CUDA or NEUTRAL_KERNEL.search(event.name):
-            continue
-        us = event.time_range.elapsed_us()
-        total += us
-        if is_own_kernel(event.name, names):
-            own += us
-        else:
-            others[event.name[:60]] = others.get(event.name[:60], 0.0) + us
-    if total == 0:
-        return None
-    return own / total, sorted(others, key=others.get, reverse=True)[:3]
-
-
-def _clone(inputs: list) -> list:
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-def _changed(before: list, after: list) -> bool:
-    return any(isinstance(b, torch.Tensor) and not _identical(b, a) for b, a in zip(before, after))
-
-
-def _probe(out) -> list:
-    """A few elements of each output, copied to the host in order on the current stream: what a caller
-    reading the result right away would see. Copies, unlike kernels, are not held back by a kernel still
-    filling the GPU on another stream."""
-    probes = []
-    for o in flatten_outputs(out):
-        if isinstance(o, torch.Tensor) and o.is_contiguous() and o.numel():
-            flat = o.reshape(-1)
-            picks = sorted({round(i * (o.numel() - 1) / 7) for i in range(8)})
-            probes.append(torch.cat([flat[i:i + 1].to("cpu", copy=True) for i in picks]))
-    return probes
-
-
-class _RunChild:
-    """What the checks and the timing share inside one run child: the payload, the device, the task, and
-    the seconds each step took. Its methods are trusted objects too (`_trusted_objects`)."""
-
-    def __init__(self, payload: dict):
-        self.payload, self.defend = payload, payload["defences"]
-        self.device = torch.device(payload["device"])
-        self.cuda = self.device.type == "cuda"
-        if self.cuda:
-            torch.cuda.set_device(self.device)
-        self.times: dict[str, float] = {}
-        self.task = import_file(payload["task"], "reference_task")
-        torch.manual_seed(payload["seed"])
-        self.init_inputs = self.task.get_init_inputs()
-
-    def rejected(self, rule_and_why: str) -> dict:
-        return {"rejected": rule_and_why, "times": self.times}
-
-    def make_inputs(self, seed: int) -> list:
-        """Made on the device where the task does not say otherwise: a gigabyte of random numbers takes
-        seconds on the host and milliseconds on a GPU."""
-        torch.manual_seed(seed)
-        with self.device:
-            inputs = self.task.get_inputs()
-        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def poison(self) -> None:
-        """Fill free device memory with NaN, so that output memory the candidate never writes is NaN."""
-        if self.cuda and self.defend:
-            free = torch.cuda.mem_get_info(self.device)[0]
-            torch.empty(min(free // 2, self.payload["poison_bytes"]) // 4, device=self.device).fill_(float("nan"))
-
-    def run_candidate(self, model, inputs: list):
-        """The candidate's output, its (possibly modified) arguments, and whether the output was still
-        being written by work not ordered before the current stream when forward returned."""
-        self.poison()
-        args = _clone(inputs) if self.defend else inputs
-        out = model(*args)
-        if not self.defend:
-            self.sync()
-            return out, args, False
-        early = _probe(out)
-        self.sync()  # device-wide: work left on a side stream finishes now
-        unsynchronized = any(not _identical(a, b) for a, b in zip(early, _probe(out)))
-        return out, args, unsynchronized
-
-    def fresh(self, inputs: list) -> list:
-        """A new buffer with slightly new values every trial: nothing can be cached by pointer or content."""
-        if not self.defend:
-            return inputs
-        return [x * (1 + 1e-3 * (torch.rand_like(x) - 0.5)) if isinstance(x, torch.Tensor) and x.is_floating_point()
-                else x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-class _TamperCheck:
-    """What the checks rely on, noted before the candidate is imported: the trusted objects, the number of
-    threads and the settings. `broken()` says what the candidate changed, if anything."""
-
-    def __init__(self, payload: dict):
-        self.payload, self.defend = payload, payload["defences"]
-        self.trusted = _trusted_objects()
-        self.threads = threading.active_count()
-        self.settings = json.dumps(payload, sort_keys=True)
-
-    def broken(self) -> str | None:
-        if not self.defend:
-            return None
-        now = _trusted_objects()
-        changed = [name for name, obj in self.trusted.items() if now.get(name) is not obj]
-        if changed or json.dumps(self.payload, sort_keys=True) != self.settings:
-            return f"[patched-checker] the candidate replaced {', '.join(changed[:3]) or 'the settings'}"
-        if threading.active_count() > self.threads:
-            return "[threads] the candidate started a thread"
-        return None
-
-
-def check_correctness(run: _RunChild, model, reference) -> tuple[dict | None, float]:
+def check_correctness(run: RunChild, model, reference) -> tuple[dict | None, float]:
     """(the failed result or None, the largest difference seen) over `correct_trials` fresh input sets:
     the candidate first, into poisoned memory, on its own clone of the inputs; twice on the first set."""
     payload, defend = run.payload, run.defend
@@ -525,7 +228,7 @@ def check_correctness(run: _RunChild, model, reference) -> tuple[dict | None, fl
         if unsynchronized:
             return run.rejected("[unsynchronized-stream] the output was still being written when forward "
                                 "returned: synchronise side streams with the current stream before returning"), worst
-        ref_args = _clone(inputs) if defend else inputs
+        ref_args = clone(inputs) if defend else inputs
         expected = reference(*ref_args)
         run.sync()
         status, why, diff = _compare(out, expected, payload["atol"], payload["rtol"])
@@ -535,7 +238,7 @@ def check_correctness(run: _RunChild, model, reference) -> tuple[dict | None, fl
         if status:
             return {"incorrect": f"trial {trial + 1} of {payload['correct_trials']}: {why}",
                     "max_abs_diff": diff, "times": run.times}, worst
-        if defend and _changed(inputs, args) and not _changed(inputs, ref_args):
+        if defend and changed(inputs, args) and not changed(inputs, ref_args):
             return run.rejected("[modifies-inputs] the candidate changed its input tensors in place"), worst
         if again is not None and _compare(again, out, payload["atol"], payload["rtol"])[0]:
             return run.rejected("[nondeterministic] two runs on the same inputs disagree "
@@ -544,10 +247,10 @@ def check_correctness(run: _RunChild, model, reference) -> tuple[dict | None, fl
     return None, worst
 
 
-def check_own_kernel_share(run: _RunChild, model, inputs: list, reference_seen) -> tuple[dict | None, float | None]:
+def check_own_kernel_share(run: RunChild, model, inputs: list, reference_seen) -> tuple[dict | None, float | None]:
     """(the rejection or None, the measured share): the candidate's own kernels must do at least
     `min_own_kernel_share` of its GPU work, and some kernel must run where one runs for the reference."""
-    measured = _own_kernel_share(model, run.fresh(inputs), run.payload["kernel_names"])
+    measured = own_kernel_share(model, run.fresh(inputs), run.payload["kernel_names"])
     if measured is None:
         if reference_seen is not None:
             return run.rejected("[own-kernels-idle] no GPU kernel ran during the candidate's forward"), None
@@ -559,34 +262,12 @@ def check_own_kernel_share(run: _RunChild, model, inputs: list, reference_seen) 
     return None, share
 
 
-def _timer(run: _RunChild):
-    """fn(*args) timed in ms: CUDA events around it, closed after a device-wide synchronize (work left on side
-    streams counts) with L2 flushed first; on the CPU, the wall clock."""
-    if not run.cuda:
-        def timed(fn, args: list) -> tuple[float, object]:
-            begin = time.perf_counter()
-            out = fn(*args)
-            return (time.perf_counter() - begin) * 1e3, out
-        return timed
-    flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=run.device)
 
-    def timed(fn, args: list) -> tuple[float, object]:
-        flush.zero_()  # evict the inputs and last results from L2
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        out = fn(*args)
-        torch.cuda.synchronize()  # device-wide: work left on side streams is counted
-        end.record()
-        end.synchronize()
-        return begin.elapsed_time(end), out
-    return timed
-
-
-def time_models(run: _RunChild, models: dict, timing_inputs: list) -> tuple[dict | None, dict[str, list[float]]]:
+def time_models(run: RunChild, models: dict, timing_inputs: list) -> tuple[dict | None, dict[str, list[float]]]:
     """(the rejection or None, each model's timed runs in ms): warm-up, then the models alternately on the
     same fresh inputs, so that clock drift hits them alike; random timed outputs are checked again."""
     payload, defend = run.payload, run.defend
-    timed = _timer(run)
+    timed = make_timer(run)
     samples = {name: [] for name in models}
     spot_check = random.Random(os.urandom(8))  # which timed outputs get checked: unknowable in advance
     for i in range(payload["warmup"]):
@@ -597,7 +278,7 @@ def time_models(run: _RunChild, models: dict, timing_inputs: list) -> tuple[dict
         args = run.fresh(timing_inputs[trial % 2])
         outputs = {}
         for name, fn in models.items():  # alternate, so that clock drift hits both alike
-            ms, outputs[name] = timed(fn, _clone(args) if defend else args)
+            ms, outputs[name] = timed(fn, clone(args) if defend else args)
             samples[name].append(ms)
         checked = defend and (trial in (0, payload["timing_trials"] - 1) or spot_check.random() < 0.25)
         if checked and _compare(outputs["candidate"], outputs["reference"], payload["atol"], payload["rtol"])[0]:
@@ -619,7 +300,7 @@ def _run(payload: dict) -> dict:
     (profiler); every timed output is checked too; the timer and the checks must still be the ones
     this process started with."""
     start = time.perf_counter()
-    run = _RunChild(payload)
+    run = RunChild(payload)
     torch.manual_seed(payload["seed"])
     reference = run.task.Model(*run.init_inputs).to(run.device).eval()
     compiled = None
@@ -630,8 +311,8 @@ def _run(payload: dict) -> dict:
     profiling = run.cuda and run.defend and payload["min_own_kernel_share"] > 0
     if profiling:  # before the snapshot: torch's first profile loads torch._dynamo, which wraps torch.manual_seed
         with torch.no_grad():
-            reference_seen = _own_kernel_share(reference, run.make_inputs(payload["seed"] + 1000), [])
-    tamper = _TamperCheck(payload)
+            reference_seen = own_kernel_share(reference, run.make_inputs(payload["seed"] + 1000), [])
+    tamper = TamperCheck(payload, sys.modules[__name__])
 
     candidate = import_file(payload["candidate"], "candidate")
     torch.manual_seed(payload["seed"])
@@ -678,41 +359,6 @@ def _run(payload: dict) -> dict:
 # Feedback
 
 
-def trim_compiler_output(text: str, build_root: str, max_lines: int = 30) -> str:
-    """The compiler's own error lines with a little context; no ninja command lines, no build paths."""
-    text = re.sub(r"^.*?Error building extension '[^']*':", "", text.replace(build_root, "<build>"))
-    text = re.sub(r"<build>/[0-9a-f]{20}/", "", text)
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("[", "FAILED:", "ninja:"))
-             and not re.match(r"^\s*(/\S*)?(c\+\+|g\+\+|gcc|nvcc|clang\+\+)\s", ln)]
-    keep = set()
-    for i, line in enumerate(lines):
-        if re.search(r"\berror\b|Error", line):
-            keep.update(range(i, min(i + 3, len(lines))))
-    picked = [lines[i] for i in sorted(keep)] or lines[-max_lines:]
-    if len(picked) > max_lines:
-        picked = picked[:max_lines] + [f"... ({len(picked) - max_lines} more lines)"]
-    return "\n".join(picked)[:4000]
-
-
-def _last_frames(tb: str, candidate_path: str, limit: int = 6) -> str:
-    """The traceback lines that point into the candidate's own code, which the model can act on."""
-    lines = tb.splitlines()
-    keep = []
-    for i, line in enumerate(lines):
-        if candidate_path in line:
-            keep.append(line.replace(candidate_path, "solution.py").strip())
-            if i + 1 < len(lines):  # the source line itself
-                keep.append(lines[i + 1].strip())
-    return "\n".join(keep[-limit:])
-
-
-def _first_lines(message: str, n: int = 4) -> str:
-    lines = [ln for ln in message.splitlines() if ln.strip()]
-    lines = [ln for ln in lines if "CUDA_LAUNCH_BLOCKING" not in ln and "TORCH_USE_CUDA_DSA" not in ln
-             and "asynchronously reported" not in ln and not ln.startswith("Search for")]
-    return "\n".join(lines[:n])[:1500]
-
-
 # The finest time either timer tells apart: CUDA events resolve about 0.5 us (perf_counter, on the CPU, far
 # finer). A median below it cannot be told from zero, so both times are floored at it: a kernel too fast to
 # time gets a large but finite speedup ("at least this fast"), never an infinite one.
@@ -743,7 +389,7 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
     if outcome.get("signal") == signal.SIGSYS:
         return make_result("rejected", f"Rejected by the rules:\n- {SANDBOX_RULE}", compiled=True)
     if "crash" in outcome:
-        log = _first_lines("\n".join(ln for ln in outcome.get("log", "").splitlines()
+        log = first_lines("\n".join(ln for ln in outcome.get("log", "").splitlines()
                                      if re.search(r"error|Error|fault|abort|Abort", ln)))
         return make_result("runtime_error", f"Runtime error: {outcome['crash']}." + (f"\n{log}" if log else ""))
     if "rejected" in outcome:
@@ -753,8 +399,8 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
         return make_result("incorrect", f"Incorrect output: {outcome['incorrect']}.",
                            max_abs_diff=outcome["max_abs_diff"], time_s=outcome["times"])
     if "error" in outcome:
-        frames = _last_frames(outcome.get("traceback", ""), candidate_path)
-        message = _first_lines(outcome["error"])
+        frames = last_frames(outcome.get("traceback", ""), candidate_path)
+        message = first_lines(outcome["error"])
         return make_result("runtime_error", f"Runtime error: {message}" + (f"\n{frames}" if frames else ""))
     medians = outcome["medians"]
     cand, ref = medians["candidate"], medians["reference"]
@@ -774,16 +420,6 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
 
 # ----------------------------------------------------------------------------------------------------
 # The scheduler
-
-
-def _cuda_arch_list() -> str | None:
-    """Compute capability of the visible GPUs, read without touching CUDA in this process."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return ";".join(sorted(set(out))) or None
 
 
 def resolve_device(cfg: EvalConfig) -> tuple[str, list[str]]:
@@ -813,42 +449,6 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
 
 SANDBOX_RULE = ("[sandbox] the candidate made a system call the sandbox forbids (a network socket, ptrace, "
                 "another process's memory, mount or namespaces) and was killed")
-_SANDBOX_LINE_SHOWN = []  # the sandbox line is printed once a process, not once an evaluate() call
-
-
-def sandbox_mechanisms(mode: str) -> dict[str, bool]:
-    """The sandbox mechanisms children apply under `--sandbox mode`; says which at the first call."""
-    if mode not in ("off", "auto", "strict"):
-        raise SystemExit(f"error: --sandbox must be off, auto or strict, not {mode!r}")
-    mechanisms = sandbox.available() if mode != "off" else {}
-    missing = [m for m in sandbox.MECHANISMS if not mechanisms.get(m)]
-    if mode == "strict" and missing:
-        raise SystemExit(f"error: --sandbox strict, but this kernel lacks {', '.join(missing)}")
-    if not _SANDBOX_LINE_SHOWN:
-        print(sandbox.describe(mechanisms), file=sys.stderr)
-        _SANDBOX_LINE_SHOWN.append(True)
-    if any(mechanisms.values()):
-        sandbox.protect_parent()
-    return mechanisms
-
-
-def _child_settings(cfg: EvalConfig, kind: str, readable: list[str], mechanisms: dict) -> dict[str, ChildSettings]:
-    """Settings of the run, build and compile children. Where the GPUs' architectures are known, builds see
-    no GPU: nvcc needs none, and torch then builds for those architectures instead of probing a device. Run
-    and build children run candidate code and load its extensions from the cache; compile children run
-    none."""
-    env = {}
-    if kind == "cuda":
-        arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or _cuda_arch_list()
-        if arch:
-            env["TORCH_CUDA_ARCH_LIST"] = arch
-    build_env = dict(env, CUDA_VISIBLE_DEVICES="") if "TORCH_CUDA_ARCH_LIST" in env else env
-    boxed = dict(readable=tuple(readable), mechanisms=mechanisms)
-    return {"run": ChildSettings(env, setup=load_from_cache, **boxed),
-            "build": ChildSettings(build_env, setup=load_from_cache, nice=True, **boxed),
-            "compile": ChildSettings(build_env, nice=True, **boxed)}
-
-
 def _run_payload(cfg: EvalConfig, task_path: str, candidate: str, kernels: list[str], device: str) -> dict:
     """What a run child gets: the files, the device and every setting of the check and the timing."""
     return {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
@@ -869,8 +469,8 @@ def _build_failure(outcome: dict, candidate: str, build_root: str, timeout_s: fl
     if "Error building extension" in message:
         message = "Compilation failed:\n" + trim_compiler_output(message, build_root)
     else:
-        message = "Loading the module failed: " + _first_lines(message) + "\n" + \
-                  _last_frames(outcome.get("traceback", ""), candidate)
+        message = "Loading the module failed: " + first_lines(message) + "\n" + \
+                  last_frames(outcome.get("traceback", ""), candidate)
     return make_result("compile_error", message.strip(), time_s={"compile": round(seconds, 3)},
                        cpu_s={"compile": round(outcome.get("cpu_s", 0.0), 3)})
 
@@ -903,7 +503,7 @@ class _Evaluation:
             jobs = self.write_candidates(self.apply_static_rules(records), workdir)
             readable = sandbox.readable([self.build_root, str(ROOT), self.cfg.tasks,
                                          *{str(Path(task).parent) for task, *_ in jobs}], hidden_from_children())
-            self.settings = _child_settings(self.cfg, self.kind, readable, self.mechanisms)
+            self.settings = child_settings(self.kind, readable, self.mechanisms)
             self.cache = BuildCache(Path(self.build_root), self.settings["run"].env.get("TORCH_CUDA_ARCH_LIST", ""),
                                     self.cfg.compile_workers, self.compile, self.cfg.compile_timeout_s)
             self.workdir, self.compiles = workdir, itertools.count()
@@ -1079,47 +679,20 @@ def read_records(source: str) -> list[dict]:
     return records
 
 
-def _field_docs(cls) -> dict[str, str]:
-    """Each dataclass field's docstring (the string right under it in the class source), on one line."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {a.target.id: " ".join(d.value.value.split()) for a, d in zip(body, body[1:])
-            if isinstance(a, ast.AnnAssign) and isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant)}
-
-
-def _gpu_list(text: str) -> list[int]:
-    try:
-        return [int(g) for g in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"comma-separated integers, not {text!r}") from None
-
-
-FLAG_TYPES = {"str": str, "int": int, "float": float, "list[int] | None": _gpu_list}
-
-
 def _parser() -> argparse.ArgumentParser:
-    """The input and output, then one flag per EvalConfig field, its help the field's docstring. Flags
-    default to None (not given), so that EvalConfig's defaults stay the only ones."""
+    """The input and output, then one flag per EvalConfig field (config_flags.py)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("input", nargs="?", help="JSONL of candidates (`task`, `code`); `-` for stdin; "
                    "default: the hand-written candidates in solutions/<device>/")
     p.add_argument("-o", "--output", help="append results here (resuming a run) instead of stdout")
-    docs = _field_docs(EvalConfig)
-    for f in fields(EvalConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool" and f.default:
-            p.add_argument(f"--no-{flag[2:]}", dest=f.name, action="store_false", default=None, help=docs[f.name])
-        elif f.type == "bool":
-            p.add_argument(flag, action="store_true", default=None, help=docs[f.name])
-        else:
-            shown = "" if f.default is None else f" (default: {f.default})"
-            p.add_argument(flag, type=FLAG_TYPES[f.type], default=None, help=docs[f.name] + shown)
+    add_config_flags(p, EvalConfig)
     return p
 
 
 def _config(args: argparse.Namespace) -> EvalConfig:
     """The flags given, over EvalConfig's defaults; the CPU demo (no input, no --tasks) takes the CPU-sized
     copies of the tasks in tests/tasks/."""
-    given = {f.name: getattr(args, f.name) for f in fields(EvalConfig) if getattr(args, f.name) is not None}
+    given = given_flags(args, EvalConfig)
     cfg = EvalConfig(**given)
     if args.input is None and "tasks" not in given and resolve_device(cfg)[0] == "cpu":
         cfg.tasks = str(ROOT / "tests" / "tasks")

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import build_cache
+import config_flags
 import evaluate as ev
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +161,7 @@ def test_a_correct_kernel_timed_at_zero_gets_a_finite_speedup_in_its_result():
 
 def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     help_text = " ".join(ev._parser().format_help().split())
-    for name, doc in ev._field_docs(ev.EvalConfig).items():
+    for name, doc in config_flags.field_docs(ev.EvalConfig).items():
         assert doc in help_text, name
     args = ev._parser().parse_args(["--gpus", "0,2", "--correct-trials", "7", "--no-progress", "--compile-baseline"])
     cfg = ev._config(args)

@@ -1,0 +1,136 @@
+"""The candidate's source, read without running it: the code block of a reply, and the paper's static rules.
+
+Cheap and done first, so that a reply with no code, or code that breaks a rule (try/except, `pass`, torch.nn
+layers or functional, torch compute ops, threads, introspection, subclassing the reference, no native
+kernel), costs no build. `kernel_names` also tells the profiler which kernels are the candidate's own.
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(reply: str) -> str | None:
+    """The candidate in a reply: its last fenced Python (or untagged) block, else its last block.
+
+    A text without any fence that mentions ModelNew is taken as source code as it is."""
+    blocks = FENCE.findall(reply)
+    if not blocks:
+        return reply if "```" not in reply and "ModelNew" in reply else None
+    python = [body for lang, body in blocks if lang.lower() in ("", "python", "py", "python3")]
+    return (python or [blocks[-1][1]])[-1]
+
+
+# torch.nn names a solution may use: the module system, parameters, containers and init.
+ALLOWED_NN = {"Module", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict",
+              "Sequential", "init", "Buffer"}
+# torch.* calls a solution may make: allocation, random init, dtypes/devices and the extension builder.
+ALLOWED_TORCH_CALLS = {
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+    "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "arange", "tensor",
+    "as_tensor", "from_numpy", "manual_seed", "device", "dtype", "Size", "Tensor", "no_grad",
+    "inference_mode", "is_tensor", "get_default_dtype", "set_grad_enabled", "is_grad_enabled",
+    "is_floating_point",
+}
+ALLOWED_TORCH_NAMESPACES = ("torch.cuda", "torch.utils.cpp_extension", "torch.nn.init", "torch.backends")
+# module -> the rule that bans it: work outside the timed region, or reaching into the checker's memory.
+BANNED_IMPORTS = {"threading": "threads", "multiprocessing": "threads", "concurrent": "threads",
+                  "asyncio": "threads", "subprocess": "threads", "ctypes": "introspection",
+                  "gc": "introspection", "inspect": "introspection", "builtins": "introspection",
+                  "importlib": "introspection"}
+# Attributes that reach frames, globals or other objects' code: the evaluator's locals are one hop away.
+INTROSPECTION = {"_getframe", "f_back", "f_locals", "f_globals", "f_code", "tb_frame", "gi_frame", "cr_frame",
+                 "__globals__", "__builtins__", "__closure__", "__code__", "__import__"}
+
+
+NATIVE_THREADS = re.compile(r"std::thread|std::async|std::jthread|pthread_create|cudaLaunchHostFunc|"
+                            r"cudaStreamAddCallback")
+GLOBAL_FUNCTION = re.compile(r"__global__\s+[\w:<>,\s*&]*?\b(\w+)\s*\(")
+
+
+def kernel_names(code: str) -> list[str]:
+    """Names of the __global__ functions a candidate defines: its own kernels, as the profiler names them."""
+    return sorted(set(GLOBAL_FUNCTION.findall(re.sub(r"__launch_bounds__\s*\([^)]*\)", "", code))))
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    """`nn.functional.relu` -> `torch.nn.functional.relu`, through the module's import aliases."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in aliases:
+        return None
+    return ".".join([aliases[node.id], *reversed(parts)])
+
+
+def static_check(code: str, device: str) -> tuple[str, str] | None:
+    """(status, feedback) if the source breaks a rule, else None. Cheap: no import, no build."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        return "compile_error", f"Python syntax error on line {e.lineno}: {e.msg}"
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    if "ModelNew" not in classes:
+        return "format_error", "The code defines no `class ModelNew(torch.nn.Module)`."
+    aliases: dict[str, str] = {"torch": "torch"}
+    violations: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                if a.name.startswith("torch.nn.functional"):
+                    violations.append("[torch-functional] imports torch.nn.functional")
+                if a.name.split(".")[0] in BANNED_IMPORTS:
+                    violations.append(f"[{BANNED_IMPORTS[a.name.split('.')[0]]}] line {node.lineno}: "
+                                      f"importing {a.name} is not allowed")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+            if node.module.startswith("torch.nn.functional") or (
+                    node.module == "torch.nn" and any(a.name == "functional" for a in node.names)):
+                violations.append("[torch-functional] imports torch.nn.functional")
+            if node.module.split(".")[0] in BANNED_IMPORTS:
+                violations.append(f"[{BANNED_IMPORTS[node.module.split('.')[0]]}] line {node.lineno}: "
+                                  f"importing {node.module} is not allowed")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            violations.append(f"[try-except] line {node.lineno}: try/except is not allowed (no fallback paths)")
+        elif isinstance(node, ast.Pass):
+            violations.append(f"[pass] line {node.lineno}: `pass` is not allowed")
+        elif isinstance(node, (ast.Attribute, ast.Name)):
+            if (node.attr if isinstance(node, ast.Attribute) else node.id) in INTROSPECTION:
+                violations.append(f"[introspection] line {node.lineno}: "
+                                  f"{node.attr if isinstance(node, ast.Attribute) else node.id} is not allowed")
+            name = _dotted(node, aliases)
+            if name and isinstance(node, ast.Attribute) and node.attr in BANNED_IMPORTS:  # torch.cuda.threading
+                violations.append(f"[{BANNED_IMPORTS[node.attr]}] line {node.lineno}: {name} is not allowed")
+            if name and name.startswith("torch.nn.") and not name.startswith("torch.nn.init"):
+                member = name.split(".")[2]
+                if member == "functional":
+                    violations.append(f"[torch-functional] line {node.lineno}: {name} is not allowed")
+                elif member not in ALLOWED_NN and member[:1].isupper():
+                    violations.append(f"[torch-nn-layer] line {node.lineno}: torch.nn.{member} is not allowed "
+                                      "(only Module, Parameter, containers and init)")
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func, aliases)
+            if (name and name.startswith("torch.") and not name.startswith(ALLOWED_TORCH_NAMESPACES)
+                    and not name.startswith("torch.nn.") and name.split(".")[1] not in ALLOWED_TORCH_CALLS):
+                violations.append(f"[torch-op] line {node.lineno}: the PyTorch op {name}() is not allowed: "
+                                  "the work must be done by your own kernel")
+    bases = {_dotted(b, {**aliases, "Model": "Model"}) or "" for b in classes["ModelNew"].bases}
+    if "Model" in bases or any(b.endswith(".Model") for b in bases):
+        violations.append("[subclass-reference] ModelNew must not subclass the reference Model")
+    if NATIVE_THREADS.search(code):
+        violations.append("[threads] native code must not start threads or host callbacks (std::thread, "
+                          "pthread_create, std::async, cudaLaunchHostFunc)")
+    if "load_inline" not in code:
+        violations.append("[no-kernel] no native kernel: build one with torch.utils.cpp_extension.load_inline")
+    elif device == "cuda" and not kernel_names(code):
+        violations.append("[no-kernel] no CUDA kernel: cuda_sources must define a __global__ kernel")
+    if violations:
+        unique = list(dict.fromkeys(violations))
+        return "rejected", "Rejected by the rules:\n" + "\n".join(f"- {v}" for v in unique[:10])
+    return None
