@@ -20,9 +20,8 @@ _SANDBOX_LINE_SHOWN = []  # the sandbox line is printed once a process, not once
 
 
 def sandbox_mechanisms(mode: str) -> dict[str, bool]:
-    """The sandbox mechanisms children apply under `--sandbox mode`; says which at the first call."""
-    if mode not in ("off", "auto", "strict"):
-        raise SystemExit(f"error: --sandbox must be off, auto or strict, not {mode!r}")
+    """The sandbox mechanisms children apply under `--sandbox mode` (off, auto or strict, as EvalConfig checks);
+    says which at the first call."""
     mechanisms = sandbox.available() if mode != "off" else {}
     missing = [m for m in sandbox.MECHANISMS if not mechanisms.get(m)]
     if mode == "strict" and missing:

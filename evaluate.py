@@ -122,6 +122,28 @@ class EvalConfig:
     progress: bool = True
     """a tqdm progress bar on stderr (--no-progress: none)"""
 
+    def __post_init__(self):
+        """Every value checked once, here: a trial count of 0 would skip the check it counts (a wrong kernel
+        "correct") or leave nothing to time; the first bad value is the error."""
+        rules = [("device", "cuda, cpu or auto", self.device in ("cuda", "cpu", "auto")),
+                 ("gpus", "a non-empty list of GPU indices", self.gpus is None or (
+                     bool(self.gpus) and all(isinstance(g, int) and g >= 0 for g in self.gpus))),
+                 ("correct_trials", "at least 1", self.correct_trials >= 1),
+                 ("atol", "at least 0", self.atol >= 0), ("rtol", "at least 0", self.rtol >= 0),
+                 ("timing_trials", "at least 1", self.timing_trials >= 1),
+                 ("timing_budget_s", "at least 0", self.timing_budget_s >= 0),
+                 ("warmup", "at least 0", self.warmup >= 0),
+                 ("min_own_kernel_share", "between 0 and 1", 0 <= self.min_own_kernel_share <= 1),
+                 ("poison_bytes", "at least 0", self.poison_bytes >= 0),
+                 ("compile_workers", "at least 1", self.compile_workers >= 1),
+                 ("spare_children", "at least 0", self.spare_children >= 0),
+                 ("compile_timeout_s", "more than 0", self.compile_timeout_s > 0),
+                 ("run_timeout_s", "more than 0", self.run_timeout_s > 0),
+                 ("sandbox", "off, auto or strict", self.sandbox in ("off", "auto", "strict"))]
+        for name, rule, ok in rules:
+            if not ok:
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be {rule}, not {getattr(self, name)!r}")
+
 
 # ----------------------------------------------------------------------------------------------------
 # Tasks
@@ -429,8 +451,6 @@ def resolve_device(cfg: EvalConfig) -> tuple[str, list[str]]:
         kind = "cuda" if torch.cuda.device_count() > 0 else "cpu"
     if kind == "cpu":
         return "cpu", ["cpu"]
-    if kind != "cuda":
-        raise SystemExit(f"error: --device must be cuda, cpu or auto, not {kind!r}")
     count = torch.cuda.device_count()
     gpus = cfg.gpus if cfg.gpus is not None else list(range(count))
     if not gpus or any(g < 0 or g >= count for g in gpus):
@@ -690,10 +710,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> EvalConfig:
-    """The flags given, over EvalConfig's defaults; the CPU demo (no input, no --tasks) takes the CPU-sized
-    copies of the tasks in tests/tasks/."""
+    """The flags given, over EvalConfig's defaults (a bad value is a one-line error); the CPU demo (no input,
+    no --tasks) takes the CPU-sized copies of the tasks in tests/tasks/."""
     given = given_flags(args, EvalConfig)
-    cfg = EvalConfig(**given)
+    try:
+        cfg = EvalConfig(**given)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     if args.input is None and "tasks" not in given and resolve_device(cfg)[0] == "cpu":
         cfg.tasks = str(ROOT / "tests" / "tasks")
     return cfg

@@ -292,6 +292,26 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, text, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--correct-trials", "0", "correct_trials (--correct-trials) must be at least 1, not 0"),
+    ("--timing-trials", "0", "timing_trials (--timing-trials) must be at least 1, not 0"),
+    ("--atol", "-1", "atol (--atol) must be at least 0, not -1.0"),
+    ("--run-timeout-s", "0", "run_timeout_s (--run-timeout-s) must be more than 0, not 0.0"),
+])
+def test_cli_refuses_a_setting_that_would_skip_a_check_in_one_line(tmp_path, flag, value, message):
+    (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
+    result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], flag, value)
+    assert result.returncode != 0
+    assert f"error: {message}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_api_refuses_a_setting_that_would_skip_a_check():
+    with pytest.raises(ValueError, match="correct_trials"):
+        ev.EvalConfig(correct_trials=0)
+    with pytest.raises(ValueError, match="min_own_kernel_share"):
+        ev.EvalConfig(min_own_kernel_share=1.5)
+
+
 def test_cli_reads_stdin(cpu_results):
     records, _ = cpu_results
     result = run_cli("-", "--device", "cpu", "--no-progress", "--tasks", CPU["tasks"],
