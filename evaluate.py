@@ -741,13 +741,33 @@ def _input_records(source: str | None, cfg: EvalConfig) -> tuple[str, list[dict]
     return source, records
 
 
+def _already_written(output: str, records: list[dict]) -> int:
+    """How many results OUT holds for these records. Line i must be record i with its `eval` added: an OUT
+    written from another input, or one with a blank or garbled line, is a one-line error, never resumed."""
+    if not Path(output).exists():
+        return 0
+    lines = Path(output).read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise SystemExit(f"error: {output}:{number}: {'a blank line' if not line.strip() else 'not valid JSON'}"
+                             ", not a result; mend or remove it to resume") from None
+        if not isinstance(row, dict) or "eval" not in row:
+            raise SystemExit(f"error: {output}:{number}: not a result (no `eval`); mend or remove it to resume")
+        inputs = {k: v for k, v in row.items() if k != "eval"}
+        if number > len(records) or inputs != {k: v for k, v in records[number - 1].items() if k != "eval"}:
+            raise SystemExit(f"error: {output}:{number}: the result of another input than record {number} of this "
+                             "one; give a new -o file")
+    return len(lines)
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     cfg = _config(args)
     _, records = _input_records(args.input, cfg)
-    done = 0
-    if args.output and Path(args.output).exists():
-        done = sum(1 for line in Path(args.output).read_text().splitlines() if line.strip())
+    done = _already_written(args.output, records) if args.output else 0
+    if done:
         print(f"resuming: {done} of {len(records)} already in {args.output}", file=sys.stderr)
     # The demo prints only its table unless asked to keep the records; a pipeline gets them on stdout.
     out = open(args.output, "a") if args.output else open(os.devnull, "w") if args.input is None else sys.stdout

@@ -312,6 +312,32 @@ def test_the_api_refuses_a_setting_that_would_skip_a_check():
         ev.EvalConfig(min_own_kernel_share=1.5)
 
 
+def result_line(record: dict) -> str:
+    return json.dumps({**record, "eval": ev.make_result("format_error", "no code")}) + "\n"
+
+
+def test_cli_resume_refuses_the_output_of_another_input(tmp_path):
+    ours, theirs = ({"task": "level1/7_ReLU", "code": code} for code in ("our reply", "their reply"))
+    (tmp_path / "in.jsonl").write_text(json.dumps(ours) + "\n")
+    (tmp_path / "out.jsonl").write_text(result_line(theirs) * 3)
+    result = run_cli(str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--device", "cpu",
+                     "--tasks", CPU["tasks"])
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "out.jsonl:1: the result of another input than record 1" in result.stderr
+    assert (tmp_path / "out.jsonl").read_text() == result_line(theirs) * 3
+
+
+@pytest.mark.parametrize("second, message", [("\n", "out.jsonl:2: a blank line"),
+                                             ('{"task": "lev\n', "out.jsonl:2: not valid JSON")])
+def test_cli_resume_refuses_a_blank_or_garbled_output_line(tmp_path, second, message):
+    records = [{"task": "level1/7_ReLU", "code": f"reply {i}"} for i in range(3)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "out.jsonl").write_text(result_line(records[0]) + second)
+    result = run_cli(str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--device", "cpu",
+                     "--tasks", CPU["tasks"])
+    assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
+
+
 def test_cli_reads_stdin(cpu_results):
     records, _ = cpu_results
     result = run_cli("-", "--device", "cpu", "--no-progress", "--tasks", CPU["tasks"],
