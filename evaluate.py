@@ -61,7 +61,8 @@ import torch
 
 import sandbox
 from build_cache import BuildCache, compile_extension
-from isolation import finish_child, hidden_from_children, run_in_child, start_child, stop_child_later
+from isolation import (finish_child, hidden_from_children, run_in_child, start_child, stop_child_later,
+                       stop_every_child)
 from run_child import (RunChild, TamperCheck, changed, clone, flatten_outputs, import_file,  # noqa: F401
                        make_timer, own_kernel_share)
 from config_flags import add_config_flags, given_flags
@@ -511,6 +512,7 @@ class _Evaluation:
         self.lock = threading.Lock()
         self.ready: queue.Queue = queue.Queue()  # built candidates, for the device threads
         self.to_run = 0  # distinct candidates that may still reach a device
+        self.stopping = False  # interrupted: what children say from now on is no result
         self.progress = None
         if cfg.progress:
             from tqdm import tqdm
@@ -533,20 +535,43 @@ class _Evaluation:
             for w in workers:
                 w.start()
             with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:  # waiting for a build takes no slot
-                list(pool.map(self.build, jobs))
-            for _ in workers:
-                self.ready.put(None)
-            for w in workers:
-                w.join()
+                builds = [pool.submit(self.build, job) for job in jobs]
+                try:
+                    for b in builds:
+                        b.result()
+                    for _ in workers:
+                        self.ready.put(None)
+                    for w in workers:
+                        w.join()
+                except KeyboardInterrupt:
+                    self.stop(builds, workers)
+                    raise
         finally:
             if self.progress:
                 self.progress.close()
             shutil.rmtree(workdir, ignore_errors=True)
         return self.results
 
+    def stop(self, builds: list, workers: list[threading.Thread]) -> None:
+        """On Ctrl-C: no result from here on (a child this stop kills would read as a crash), and every child
+        killed until no thread waits on one; a second Ctrl-C does not cut that short."""
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with self.lock:
+            self.stopping = True
+        for _ in workers:
+            self.ready.put(None)
+        try:
+            while not all(b.done() for b in builds) or any(w.is_alive() for w in workers):
+                stop_every_child()
+                time.sleep(0.05)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
     def finish(self, indices: list[int], result: dict, started: float) -> None:
         result["time_s"] = {**result.get("time_s", {}), "total": round(time.perf_counter() - started, 3)}
         with self.lock:
+            if self.stopping:
+                return
             for i in indices:
                 self.results[i] = dict(result, time_s=dict(result["time_s"]))
                 if self.on_result:
@@ -604,6 +629,8 @@ class _Evaluation:
         task_path, candidate, _, indices = job
         started = time.perf_counter()
         with self.cache.slot():
+            if self.stopping:
+                return
             outcome = run_in_child(_build, {"candidate": candidate}, self.settings["build"],
                                    self.cfg.compile_timeout_s, str(Path(candidate).with_name("build.log")),
                                    serve=self.cache.request)
@@ -620,7 +647,7 @@ class _Evaluation:
         logs = (str(Path(workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())
         spares = collections.deque(start_child(_run, self.settings["run"], next(logs), device)
                                    for _ in range(min(self.cfg.spare_children, candidates)))
-        while (item := self.ready.get()) is not None:
+        while (item := self.ready.get()) is not None and not self.stopping:
             left = self.fewer_to_run()
             (task_path, candidate, kernels, indices), started, build_s, build_cpu_s = item
             child = spares.popleft() if spares else None
@@ -781,9 +808,14 @@ def main(argv=None):
             out.flush()
             written.append(result)
 
-    evaluate(records[done:], cfg, on_result=write_in_order)
-    if out is not sys.stdout:
-        out.close()
+    try:
+        evaluate(records[done:], cfg, on_result=write_in_order)
+    except KeyboardInterrupt:  # evaluate has dropped what its stopped children would have said
+        print(f"interrupted: {done + len(written)} of {len(records)} written; re-run to resume", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        if out is not sys.stdout:
+            out.close()
     print(summary_table(written, records[done:]), file=sys.stderr)
 
 

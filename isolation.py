@@ -184,6 +184,16 @@ def stop_child(started: tuple) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def stop_every_child() -> None:
+    """Kill every child this process has started that is still alive, and what each started: on an interrupt,
+    when no child's answer is wanted any more."""
+    for child in multiprocessing.active_children():
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            child.kill()
+
+
 def stop_child_later(started: tuple) -> None:
     """stop_child in the background: the exit of a child that is done or not needed (seconds, with a CUDA
     context) is not waited for on the caller's path."""

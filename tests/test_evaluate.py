@@ -8,9 +8,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -516,3 +518,22 @@ def test_a_cuda_file_beyond_the_light_header_is_built_as_written(cuda_results):
 
     assert took_light("7_ReLU.correct_beyond_light_header") == [False]  # its source names torch/extension.h
     assert took_light("7_ReLU.correct_vec4") and all(took_light("7_ReLU.correct_vec4"))
+
+
+def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
+    """The spinning candidate is mid-check when Ctrl-C comes: the child our shutdown kills is no result."""
+    records = [cpu_solution(s) for s in ("correct_loop", "timeout_spin", "incorrect_leaky")]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out.jsonl"
+    command = [sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "-o", str(out), "--device", "cpu",
+               "--tasks", CPU["tasks"], "--timing-budget-s", "1", "--run-timeout-s", "120", "--no-progress"]
+    proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (out.exists() and out.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # the spinning candidate is being checked now
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted: 1 of 3 written; re-run to resume" in stderr and "Traceback" not in stderr, stderr
+    assert [json.loads(line)["eval"]["status"] for line in out.read_text().splitlines()] == ["correct"]
