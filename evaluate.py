@@ -104,6 +104,10 @@ class EvalConfig:
     defences: bool = True
     """every runtime defence (poison, clones, second run, probes, profiler, fresh timing inputs, spot checks,
     tamper checks); turning them off (--no-defences) is only to measure what they cost (bench/defence_cost.py)"""
+    cpu_threads: int = 1
+    """torch's intra-op threads in the checking child, for the reference and the candidate alike (at::parallel_for
+    draws on the same pool): fixed, so that a CPU speedup does not hang on how many cores happen to be free; 1
+    is the count that other work on the machine disturbs least"""
     seed: int = 42
     """seed set before get_init_inputs and before building each model (KernelBench's convention)"""
     compile_workers: int = len(os.sched_getaffinity(0))
@@ -134,6 +138,7 @@ class EvalConfig:
                  ("timing_trials", "at least 1", self.timing_trials >= 1),
                  ("timing_budget_s", "at least 0", self.timing_budget_s >= 0),
                  ("warmup", "at least 0", self.warmup >= 0),
+                 ("cpu_threads", "at least 1", self.cpu_threads >= 1),
                  ("min_own_kernel_share", "between 0 and 1", 0 <= self.min_own_kernel_share <= 1),
                  ("poison_bytes", "at least 0", self.poison_bytes >= 0),
                  ("compile_workers", "at least 1", self.compile_workers >= 1),
@@ -364,18 +369,19 @@ def _run(payload: dict) -> dict:
         if failed:
             return failed
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     models = {"candidate": model, "reference": reference, **({"compiled": compiled} if compiled is not None else {})}
     with torch.no_grad():
         failed, samples = time_models(run, models, timing_inputs)
     if failed:
         return failed
     run.times["timing"] = time.perf_counter() - start
+    cpu_share = None if run.cuda else (time.process_time() - cpu_start) / run.times["timing"]
     if broken := tamper.broken():
         return run.rejected(broken)
     medians = {name: sorted(s)[len(s) // 2] for name, s in samples.items()}
     return {"medians": medians, "trials": len(samples["candidate"]), "max_abs_diff": worst, "times": run.times,
-            "own_kernel_share": share}
+            "own_kernel_share": share, "cpu_share": cpu_share}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -386,6 +392,11 @@ def _run(payload: dict) -> dict:
 # finer). A median below it cannot be told from zero, so both times are floored at it: a kernel too fast to
 # time gets a large but finite speedup ("at least this fast"), never an infinite one.
 TIMER_RESOLUTION_MS = 5e-4
+
+
+# A checking child timing on the CPU that was on a core for less than this share of the wall time lost the
+# core to other work: its times, and above all the reference's, are then slower than alone (`busy`).
+BUSY = 0.8
 
 
 def speedup(reference_ms: float, candidate_ms: float) -> float:
@@ -438,6 +449,7 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
         f"a speedup of {ratio:.2f}x. It can be made faster.",
         runtime_ms=cand, ref_runtime_ms=ref, speedup=ratio, max_abs_diff=outcome["max_abs_diff"],
         time_s=outcome["times"], timing_trials=outcome["trials"], own_kernel_share=outcome["own_kernel_share"],
+        timing_cpu_share=outcome["cpu_share"], busy=outcome["cpu_share"] is not None and outcome["cpu_share"] < BUSY,
         **extra)
 
 
@@ -477,7 +489,7 @@ def _run_payload(cfg: EvalConfig, task_path: str, candidate: str, kernels: list[
             "timing_trials": cfg.timing_trials, "timing_budget_s": cfg.timing_budget_s,
             "warmup": cfg.warmup, "compile_baseline": cfg.compile_baseline,
             "min_own_kernel_share": cfg.min_own_kernel_share, "poison_bytes": cfg.poison_bytes,
-            "defences": cfg.defences, "kernel_names": kernels}
+            "defences": cfg.defences, "cpu_threads": cfg.cpu_threads, "kernel_names": kernels}
 
 
 def _build_failure(outcome: dict, candidate: str, build_root: str, timeout_s: float, seconds: float) -> dict:
@@ -550,6 +562,11 @@ class _Evaluation:
             if self.progress:
                 self.progress.close()
             shutil.rmtree(workdir, ignore_errors=True)
+        timed = [r for r in self.results if r.get("timing_cpu_share") is not None]
+        if busy := sum(r["busy"] for r in timed):
+            print(f"warning: the machine was busy: {busy} of {len(timed)} timed candidates had less than {BUSY:.0%} of "
+                  f"a core while timed (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores); their "
+                  "speedups are unreliable", file=sys.stderr)
         return self.results
 
     def stop(self, builds: list, workers: list[threading.Thread]) -> None:
@@ -736,9 +753,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+DEMO_RUN_TIMEOUT_S = 30.0
+
+
 def _config(args: argparse.Namespace) -> EvalConfig:
     """The flags given, over EvalConfig's defaults (a bad value is a one-line error); the CPU demo (no input,
-    no --tasks) takes the CPU-sized copies of the tasks in tests/tasks/."""
+    no --tasks) takes the CPU-sized copies of the tasks in tests/tasks/, and a run timeout that its candidates
+    (each checked in seconds) never reach but its hanging one soon does."""
     given = given_flags(args, EvalConfig)
     try:
         cfg = EvalConfig(**given)
@@ -746,6 +767,8 @@ def _config(args: argparse.Namespace) -> EvalConfig:
         raise SystemExit(f"error: {e}") from None
     if args.input is None and "tasks" not in given and resolve_device(cfg)[0] == "cpu":
         cfg.tasks = str(ROOT / "tests" / "tasks")
+        if "run_timeout_s" not in given:  # its hanging candidate holds a core for this long, not 180 s
+            cfg.run_timeout_s = DEMO_RUN_TIMEOUT_S
     return cfg
 
 

@@ -120,6 +120,7 @@ class RunChild:
         if self.cuda:
             torch.cuda.set_device(self.device)
         self.times: dict[str, float] = {}
+        torch.set_num_threads(payload["cpu_threads"])  # both models run on the same, fixed number of threads
         self.task = import_file(payload["task"], "reference_task")
         torch.manual_seed(payload["seed"])
         self.init_inputs = self.task.get_init_inputs()
@@ -169,12 +170,13 @@ class RunChild:
 
 class TamperCheck:
     """What the checks rely on, noted before the candidate is imported: the trusted objects, the number of
-    threads and the settings. `broken()` says what the candidate changed, if anything."""
+    threads (Python's and torch's) and the settings. `broken()` says what the candidate changed, if anything."""
 
     def __init__(self, payload: dict, judge):
         self.payload, self.defend, self.judge = payload, payload["defences"], judge
         self.trusted = trusted_objects(judge)
         self.threads = threading.active_count()
+        self.torch_threads = torch.get_num_threads()
         self.settings = json.dumps(payload, sort_keys=True)
 
     def broken(self) -> str | None:
@@ -186,6 +188,8 @@ class TamperCheck:
             return f"[patched-checker] the candidate replaced {', '.join(changed[:3]) or 'the settings'}"
         if threading.active_count() > self.threads:
             return "[threads] the candidate started a thread"
+        if torch.get_num_threads() != self.torch_threads:
+            return "[threads] the candidate changed the number of threads torch runs on"
         return None
 
 

@@ -242,6 +242,55 @@ def test_incorrect_output_says_how_far_off_it_is(cpu_results):
     assert "differ beyond atol=0.01" in e["feedback"] and e["max_abs_diff"] > 0.01
 
 
+THREAD_COUNTING_TASK = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * torch.get_num_threads()
+
+def get_inputs():
+    return [torch.randn(256, 1024)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_the_reference_and_the_candidate_run_on_the_configured_number_of_threads(tmp_path):
+    """A reference that multiplies by its thread count matches a plain ReLU on one thread, and only there."""
+    (tmp_path / "relu_times_threads.py").write_text(THREAD_COUNTING_TASK)
+    record = {**cpu_solution("correct_loop"), "task": str(tmp_path / "relu_times_threads.py")}
+    one, two = (ev.evaluate([record], ev.EvalConfig(**CPU, cpu_threads=n))[0] for n in (1, 2))
+    assert one["status"] == "correct", one["feedback"]
+    assert two["status"] == "incorrect", two["feedback"]
+
+
+def test_a_busy_machine_is_flagged_in_the_result_and_in_one_line_on_stderr(tmp_path):
+    """More spinning processes than cores: the checking child gets well under a core while it times."""
+    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("correct_loop")) + "\n")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(os.sched_getaffinity(0)) + 1)]
+    try:
+        result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], "--no-progress",
+                         "--timing-budget-s", "2")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert result.returncode == 0, result.stderr
+    e = json.loads(result.stdout)["eval"]
+    assert e["status"] == "correct" and e["busy"] is True and e["timing_cpu_share"] < ev.BUSY
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: the machine was busy")]
+    assert len(warnings) == 1 and "1 of 1 timed candidates" in warnings[0]
+
+
+def test_the_cpu_demo_gives_its_hanging_candidate_a_short_run_timeout():
+    demo = ev._config(ev._parser().parse_args(["--device", "cpu"]))
+    assert demo.run_timeout_s == ev.DEMO_RUN_TIMEOUT_S < ev.EvalConfig().run_timeout_s
+    assert ev._config(ev._parser().parse_args(["--device", "cpu", "--run-timeout-s", "90"])).run_timeout_s == 90
+
+
 @pytest.fixture(scope="module")
 def cpu_adversarial_results():
     records = ev.library_records(ROOT / "tests" / "adversarial" / "cpu")
