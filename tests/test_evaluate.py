@@ -154,7 +154,7 @@ def test_a_time_that_is_not_a_finite_number_earns_no_speedup():
 
 def test_a_correct_kernel_timed_at_zero_gets_a_finite_speedup_in_its_result():
     outcome = {"medians": {"candidate": 0.0, "reference": 0.1, "compiled": 0.05}, "trials": 10,
-               "max_abs_diff": 0.0, "times": {}, "own_kernel_share": None}
+               "max_abs_diff": 0.0, "times": {}, "own_kernel_share": None, "cpu_share": None}
     result = ev.build_feedback(outcome, build_root="/b", candidate_path="/c/solution.py", timeout_s=1)
     assert result["status"] == "correct"
     assert result["speedup"] == pytest.approx(200.0) and result["speedup_vs_compile"] == pytest.approx(100.0)
@@ -570,19 +570,22 @@ def test_a_cuda_file_beyond_the_light_header_is_built_as_written(cuda_results):
 
 
 def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
-    """The spinning candidate is mid-check when Ctrl-C comes: the child our shutdown kills is no result."""
-    records = [cpu_solution(s) for s in ("correct_loop", "timeout_spin", "incorrect_leaky")]
+    """Ctrl-C while the spinning candidate is being checked: the child our shutdown kills is no result. The
+    correct one runs before or after it (builds finish in any order), so it is written or not yet run."""
+    records = [cpu_solution(s) for s in ("correct_loop", "timeout_spin")]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out.jsonl"
     command = [sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "-o", str(out), "--device", "cpu",
-               "--tasks", CPU["tasks"], "--timing-budget-s", "1", "--run-timeout-s", "120", "--no-progress"]
+               "--tasks", CPU["tasks"], "--timing-budget-s", "1", "--run-timeout-s", "300", "--no-progress"]
     proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (out.exists() and out.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(3)  # the spinning candidate is being checked now
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
     _, stderr = proc.communicate(timeout=60)
+    statuses = [json.loads(line)["eval"]["status"] for line in out.read_text().splitlines()] if out.exists() else []
     assert proc.returncode == 130, stderr
-    assert "interrupted: 1 of 3 written; re-run to resume" in stderr and "Traceback" not in stderr, stderr
-    assert [json.loads(line)["eval"]["status"] for line in out.read_text().splitlines()] == ["correct"]
+    assert statuses in ([], ["correct"]), statuses
+    assert f"interrupted: {len(statuses)} of 2 written; re-run to resume" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
