@@ -24,7 +24,8 @@ The file reads in that order: config, tasks, the checking inside the run child (
 command line. Its machinery lives in helper modules named for what they do: static_rules.py (parsing and
 the static rules), run_child.py (what the checks stand on: poison, probes, the timer, the profiler, the
 tamper check), eval_children.py (the children's settings and what their output comes down to),
-config_flags.py (one flag per EvalConfig field), build_cache.py and isolation.py; none imports this one.
+eval_records.py (the JSONL in and out, and what a resumed run goes on from), config_flags.py (one flag per
+EvalConfig field), build_cache.py and isolation.py; none imports this one.
 
 Defaults follow the KernelBench version Kevin used (atol = rtol = 1e-2, seed 42 before building each
 model so parameters made the same way match); where the paper is silent (number of correctness inputs,
@@ -61,13 +62,13 @@ import torch
 
 import sandbox
 from build_cache import BuildCache, compile_extension
-from isolation import (finish_child, hidden_from_children, run_in_child, start_child, stop_child_later,
-                       stop_every_child)
-from run_child import (RunChild, TamperCheck, changed, clone, flatten_outputs, import_file,  # noqa: F401
-                       make_timer, own_kernel_share)
 from config_flags import add_config_flags, given_flags
 from eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
-from static_rules import FENCE, extract_code, kernel_names, static_check  # noqa: F401 (their public home is here too)
+from eval_records import already_written, library_records, read_records
+from isolation import (finish_child, hidden_from_children, run_in_child, start_child, stop_child_later,
+                       stop_every_child)
+from run_child import RunChild, TamperCheck, changed, clone, flatten_outputs, import_file, make_timer, own_kernel_share
+from static_rules import FENCE, extract_code, kernel_names, static_check  # noqa: F401 (FENCE: generate.py's, from here)
 
 ROOT = Path(__file__).resolve().parent
 STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
@@ -713,36 +714,6 @@ def summary_table(evals: list[dict], records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def library_records(folder: str | Path) -> list[dict]:
-    """Hand-written candidates, one record per file, such as those in solutions/cuda/ and solutions/cpu/.
-
-    Files are `<level>/<task stem>.<expected status>_<what>.py`, so such a library checks itself: each
-    file's name says what the evaluator must answer (for a rejection, `what` is the rule's name)."""
-    files = sorted(Path(folder).rglob("*.py"))
-    return [{"task": f"{f.parent.name}/{f.name.split('.')[0]}", "code": f.read_text(),
-             "solution": f"{f.parent.name}/{f.name.removesuffix('.py')}"} for f in files]
-
-
-def read_records(source: str) -> list[dict]:
-    """JSONL records from a file or stdin, each checked for `task` and `code`; one-line errors."""
-    try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text()
-    except OSError as e:
-        raise SystemExit(f"error: cannot read {source}: {e.strerror}")
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"error: {source}:{number}: not valid JSON ({e.msg})")
-        if not isinstance(record, dict) or "task" not in record or "code" not in record:
-            raise SystemExit(f"error: {source}:{number}: a record needs the fields `task` and `code`")
-        records.append(record)
-    return records
-
-
 def _parser() -> argparse.ArgumentParser:
     """The input and output, then one flag per EvalConfig field (config_flags.py)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -791,32 +762,11 @@ def _input_records(source: str | None, cfg: EvalConfig) -> tuple[str, list[dict]
     return source, records
 
 
-def _already_written(output: str, records: list[dict]) -> int:
-    """How many results OUT holds for these records. Line i must be record i with its `eval` added: an OUT
-    written from another input, or one with a blank or garbled line, is a one-line error, never resumed."""
-    if not Path(output).exists():
-        return 0
-    lines = Path(output).read_text().splitlines()
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise SystemExit(f"error: {output}:{number}: {'a blank line' if not line.strip() else 'not valid JSON'}"
-                             ", not a result; mend or remove it to resume") from None
-        if not isinstance(row, dict) or "eval" not in row:
-            raise SystemExit(f"error: {output}:{number}: not a result (no `eval`); mend or remove it to resume")
-        inputs = {k: v for k, v in row.items() if k != "eval"}
-        if number > len(records) or inputs != {k: v for k, v in records[number - 1].items() if k != "eval"}:
-            raise SystemExit(f"error: {output}:{number}: the result of another input than record {number} of this "
-                             "one; give a new -o file")
-    return len(lines)
-
-
 def main(argv=None):
     args = _parser().parse_args(argv)
     cfg = _config(args)
     _, records = _input_records(args.input, cfg)
-    done = _already_written(args.output, records) if args.output else 0
+    done = already_written(args.output, records) if args.output else 0
     if done:
         print(f"resuming: {done} of {len(records)} already in {args.output}", file=sys.stderr)
     # The demo prints only its table unless asked to keep the records; a pipeline gets them on stdout.
