@@ -9,7 +9,7 @@ machine) and prints the same comparison of them.
 
     python bench/sandbox_cost.py                                  # off, then auto, on the GPU if any
     python bench/sandbox_cost.py --device cpu
-    python bench/sandbox_cost.py --compare before.json after.json --out results/sandbox_cost_h200.json
+    python bench/sandbox_cost.py --compare before.json after.json --device cuda --out results/sandbox_cost_h200.json
 """
 import argparse
 import json
@@ -56,7 +56,9 @@ def main():
                    help="compare two saved `eval_throughput.py --part evaluate` runs instead of running")
     p.add_argument("--out", help="write every number to this JSON file")
     args = p.parse_args()
-    kind, _ = ev.resolve_device(ev.EvalConfig(device=args.device))
+    # comparing saved runs needs no device, only which candidate set they ran (--device cuda or cpu)
+    kind = args.device if args.compare and args.device != "auto" else \
+        ev.resolve_device(ev.EvalConfig(device=args.device))[0]
     tasks_dir = args.tasks or str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
     records = eval_throughput.candidate_set(kind)
     if args.compare:
