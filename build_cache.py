@@ -157,7 +157,7 @@ class BuildCache:
         self.slots = threading.Semaphore(max(1, slots))
         self.locks: dict[str, threading.Lock] = {}
         self.guard = threading.Lock()
-        self.holding = threading.local()  # whether this thread's child holds a slot
+        self.holding = threading.local()  # whether this thread's child holds a slot; its compiles' CPU time
 
     @contextlib.contextmanager
     def slot(self, needed: bool = True):
@@ -184,6 +184,11 @@ class BuildCache:
             if held:
                 self.slots.acquire()
                 self.holding.slot = True
+
+    def compile_cpu_s(self) -> float:
+        """CPU-seconds of the compiles this thread's requests ran since the last call (compilers included)."""
+        spent, self.holding.cpu_s = getattr(self.holding, "cpu_s", 0.0), 0.0
+        return spent
 
     def request(self, arguments: dict) -> dict:
         """{'library': path, 'name': module name}, {'error': the compiler's message} or {'timeout': True}."""
@@ -217,6 +222,7 @@ class BuildCache:
             pch.unlink()  # changed since it was made: made again by this build
         outcome = self.compile({"arguments": arguments, "folder": str(folder), "light": str(light)},
                                [str(folder), str(light)], self.timeout_s)
+        self.holding.cpu_s = getattr(self.holding, "cpu_s", 0.0) + outcome.get("cpu_s", 0.0)
         if outcome.get("built") and library.exists():
             _record_digest(library)
             return None

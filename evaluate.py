@@ -652,6 +652,7 @@ class _Evaluation:
             outcome = run_in_child(_build, {"candidate": candidate}, self.settings["build"],
                                    self.cfg.compile_timeout_s, str(Path(candidate).with_name("build.log")),
                                    serve=self.cache.request)
+        outcome["cpu_s"] = outcome.get("cpu_s", 0.0) + self.cache.compile_cpu_s()
         if not (outcome.get("timeout") or "crash" in outcome or "error" in outcome):
             self.ready.put((job, started, outcome["seconds"], outcome["cpu_s"]))
             return

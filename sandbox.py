@@ -24,6 +24,7 @@ import ctypes
 import os
 import platform
 import struct
+import subprocess
 import sys
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -67,15 +68,10 @@ def landlock_abi() -> int:
 
 
 def _namespaces_work() -> bool:
-    """Whether a process here may enter a new user and network namespace (tried in a throwaway fork)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _enter_namespaces()
-            os._exit(0)
-        except BaseException:  # noqa: BLE001 - any failure means: not available
-            os._exit(1)
-    return os.waitpid(pid, 0)[1] == 0
+    """Whether a process here may enter a new user and network namespace (tried in a throwaway process)."""
+    probe = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); " \
+            "import sandbox; sandbox._enter_namespaces()"
+    return subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True).returncode == 0
 
 
 def available() -> dict[str, bool]:

@@ -27,6 +27,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import evaluate as ev
+import sandbox
+
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKS = ROOT / "tests" / "adversarial" / "sandbox"
 TASK = "level1/7_ReLU"
@@ -282,3 +285,19 @@ def test_the_sandbox_stops_the_cuda_attacks(run, tmp_path):
             assert_stopped(row["eval"])
     assert [f for f in seen["build_dir"].rglob("*.so") if f.read_bytes()[:4] != b"\x7fELF"] == []
     assert statuses(seen["again_rows"]) == {r["id"]: "correct" for r in seen["again_records"]}
+
+
+def test_the_run_names_the_protections_in_force_in_one_line(separable):
+    line = sandbox.describe(sandbox.available())
+    assert line.startswith("sandbox: ") and line in separable["done"].stderr.splitlines()
+
+
+def test_strict_runs_here_with_every_mechanism():
+    assert ev.sandbox_mechanisms("strict") == {m: True for m in sandbox.MECHANISMS}
+
+
+def test_strict_refuses_a_kernel_that_lacks_a_mechanism(monkeypatch):
+    """A fake: this machine's kernel has every mechanism, so one is taken away by replacing the probe."""
+    monkeypatch.setattr(sandbox, "available", lambda: {"landlock": False, "namespaces": True, "seccomp": True})
+    with pytest.raises(SystemExit, match="--sandbox strict, but this kernel lacks landlock"):
+        ev.sandbox_mechanisms("strict")
