@@ -694,6 +694,8 @@ class _Evaluation:
 
 def summary_table(evals: list[dict], records: list[dict]) -> str:
     """One row per candidate (for small runs), counts per status, then speedups over the correct ones."""
+    if not evals:
+        return "no rows: no candidates were evaluated"
     lines = []
     if len(evals) <= 40:
         lines += ["| candidate | status | speedup | runtime ms | eager ms |", "|---|---|---|---|---|"]
@@ -706,11 +708,10 @@ def summary_table(evals: list[dict], records: list[dict]) -> str:
     counts = {s: sum(e["status"] == s for e in evals) for s in STATUSES}
     speedups = [e["speedup"] for e in evals if e["correct"]]
     lines += ["| status | count |", "|---|---|"] + [f"| {s} | {n} |" for s, n in counts.items() if n]
-    geomean = float("nan") if not speedups else 0.0 if min(speedups) == 0 else \
-        math.exp(sum(map(math.log, speedups)) / len(speedups))
+    geomean = 0.0 if not speedups or min(speedups) == 0 else math.exp(sum(map(math.log, speedups)) / len(speedups))
+    over_correct = f"geomean {geomean:.3f}x, max {max(speedups):.3f}x" if speedups else "-"
     lines += [f"| **total** | {len(evals)} |", "",
-              f"correct: {len(speedups)}/{len(evals)}; speedup over correct: geomean {geomean:.3f}x, "
-              f"max {max(speedups, default=float('nan')):.3f}x; faster than eager: "
+              f"correct: {len(speedups)}/{len(evals)}; speedup over correct: {over_correct}; faster than eager: "
               f"{sum(s > 1 for s in speedups)}"]
     return "\n".join(lines)
 

@@ -589,3 +589,10 @@ def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
     assert statuses in ([], ["correct"]), statuses
     assert f"interrupted: {len(statuses)} of 2 written; re-run to resume" in stderr, stderr
     assert "Traceback" not in stderr, stderr
+
+
+def test_the_summary_of_nothing_says_so_and_none_correct_shows_no_nan():
+    assert ev.summary_table([], []) == "no rows: no candidates were evaluated"
+    wrong = ev.make_result("incorrect", "Incorrect output.")
+    table = ev.summary_table([wrong], [{"task": "level1/7_ReLU"}])
+    assert "nan" not in table and "speedup over correct: -" in table
