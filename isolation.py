@@ -151,7 +151,10 @@ def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None) ->
                 result = message
                 break
             began = time.monotonic()
-            reply = serve(message["request"])
+            try:
+                reply = serve(message["request"])
+            except Exception as e:  # noqa: BLE001 - a request the child made up must not end the evaluator
+                reply = {"error": f"a request the evaluator cannot answer: {type(e).__name__}: {e}"}
             deadline += time.monotonic() - began
             if reply.get("timeout"):
                 timed_out = True

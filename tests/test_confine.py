@@ -117,3 +117,27 @@ def test_describe_names_what_is_on_and_what_is_missing():
     assert line.startswith("sandbox: user+network namespaces")
     assert line.endswith("not available here: landlock")
     assert sandbox.describe({}) == "sandbox: off"
+
+
+def test_a_made_up_request_from_a_child_is_answered_with_an_error_not_a_crash(tmp_path):
+    """A child may send the evaluator anything; a request its service cannot take must come back as an error
+    to that child, not end the evaluation."""
+    import isolation
+
+    def serve(request):
+        return {"library": request["arguments"]["name"]}  # a TypeError for the list the child below sends
+
+    settings = isolation.ChildSettings(env={})
+    outcome = isolation.run_in_child(ask_something_odd, {}, settings, 60, str(tmp_path / "child.log"), serve=serve)
+    assert outcome["reply"]["error"].startswith("a request the evaluator cannot answer: TypeError")
+
+
+def ask_something_odd(payload: dict) -> dict:
+    """A child's job that sends the evaluator a request of no known shape and returns what it was told."""
+    import json
+    import sys
+
+    conn = next(o for o in __import__("gc").get_objects() if type(o).__name__ == "Connection" and not o.closed)
+    conn.send_bytes(json.dumps({"request": ["not", "a", "dict"]}).encode())
+    sys.stdout.flush()
+    return {"reply": conn.recv()}
