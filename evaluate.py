@@ -483,6 +483,11 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
 
 SANDBOX_RULE = ("[sandbox] the candidate made a system call the sandbox forbids (a network socket, ptrace, "
                 "another process's memory, mount or namespaces) and was killed")
+def _number(value) -> float:
+    """A number a child reported, or 0.0 where it reported none (or something else)."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+
+
 def _run_payload(cfg: EvalConfig, task_path: str, candidate: str, kernels: list[str], device: str) -> dict:
     """What a run child gets: the files, the device and every setting of the check and the timing."""
     return {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
@@ -652,9 +657,9 @@ class _Evaluation:
             outcome = run_in_child(_build, {"candidate": candidate}, self.settings["build"],
                                    self.cfg.compile_timeout_s, str(Path(candidate).with_name("build.log")),
                                    serve=self.cache.request)
-        outcome["cpu_s"] = outcome.get("cpu_s", 0.0) + self.cache.compile_cpu_s()
+        outcome["cpu_s"] = _number(outcome.get("cpu_s")) + self.cache.compile_cpu_s()
         if not (outcome.get("timeout") or "crash" in outcome or "error" in outcome):
-            self.ready.put((job, started, outcome["seconds"], outcome["cpu_s"]))
+            self.ready.put((job, started, _number(outcome.get("seconds")), outcome["cpu_s"]))
             return
         self.fewer_to_run()  # it will not reach a device
         self.finish(indices, _build_failure(outcome, candidate, self.build_root, self.cfg.compile_timeout_s,
@@ -677,12 +682,17 @@ class _Evaluation:
             run_started, sent_at = time.perf_counter(), time.time()
             outcome = finish_child(child, _run_payload(self.cfg, task_path, candidate, kernels, device),
                                    self.cfg.run_timeout_s, serve=self.cache.request)
-            result = build_feedback(outcome, build_root=self.build_root, candidate_path=candidate,
-                                    timeout_s=self.cfg.run_timeout_s)
-            waited = max(0.0, outcome.get("ready_at", sent_at) - sent_at)  # the child was still setting up
+            try:
+                result = build_feedback(outcome, build_root=self.build_root, candidate_path=candidate,
+                                        timeout_s=self.cfg.run_timeout_s)
+                times = {k: round(v, 3) for k, v in result["time_s"].items()}
+            except (KeyError, TypeError, ValueError, AttributeError):  # the child is the candidate's: it may lie
+                result, times = make_result("runtime_error", "Runtime error: the checking child's answer is "
+                                            "malformed."), {}
+            waited = max(0.0, _number(outcome.get("ready_at", sent_at)) - sent_at)  # the child was still setting up
             result["time_s"] = {"compile": round(build_s, 3), "run": round(time.perf_counter() - run_started, 3),
-                                "wait": round(waited, 3), **{k: round(v, 3) for k, v in result["time_s"].items()}}
-            result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(outcome.get("cpu_s", 0.0), 3)}
+                                "wait": round(waited, 3), **times}
+            result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(_number(outcome.get("cpu_s")), 3)}
             self.finish(indices, result, started)
         for spare in spares:
             stop_child_later(spare)
