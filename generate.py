@@ -362,7 +362,7 @@ class VLLMBackend(ChatTokens):
     """Offline `vllm.LLM`; prompts go in as token ids so the recorded ids are exactly what the model saw."""
 
     def __init__(self, model: str, temperature: float, max_tokens: int, tensor_parallel_size: int,
-                 memory_utilization: float, seed: int, enable_sleep_mode: bool = False, progress: bool = False):
+                 memory_utilization: float, seed: int, progress: bool = False, **engine_args):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
@@ -371,7 +371,7 @@ class VLLMBackend(ChatTokens):
         # processed_logprobs: log-probs after temperature, i.e. of the distribution actually sampled
         self.llm = LLM(model=model, tensor_parallel_size=tensor_parallel_size, seed=seed,
                        gpu_memory_utilization=memory_utilization, logprobs_mode="processed_logprobs",
-                       enable_sleep_mode=enable_sleep_mode)
+                       **engine_args)
         self.tokenizer = self.llm.get_tokenizer()
         self.temperature, self.max_tokens, self.progress = temperature, max_tokens, progress
 
@@ -386,6 +386,26 @@ class VLLMBackend(ChatTokens):
             logprobs = [step[t].logprob for step, t in zip(out.logprobs, ids)]
             replies.append(Reply(out.text, ids, logprobs))
         return replies
+
+
+def post_json(url: str, body: dict, api_key: str | None, retries: int, timeout_s: float) -> dict:
+    """POST a JSON body and read the JSON answer, retrying server errors, rate limits and lost connections with
+    exponential back-off; anything else, or the last failure, is a one-line error."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    for attempt in range(retries + 1):
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as error:  # 4xx other than rate limits will not get better
+            if error.code < 500 and error.code != 429 or attempt == retries:
+                raise SystemExit(f"error: {url} answered {error.code}: {error.read()[:500]!r}")
+        except (urllib.error.URLError, OSError) as error:
+            if attempt == retries:
+                raise SystemExit(f"error: {url} failed after {retries} retries: {error}")
+        time.sleep(2 ** attempt)
 
 
 class OpenAIBackend:
@@ -406,24 +426,9 @@ class OpenAIBackend:
         return sum(len(m["content"]) for m in messages) // 4  # an estimate: ~4 characters per token
 
     def complete(self, messages: list[dict], seed: int) -> Reply:
-        body = json.dumps({"model": self.model, "messages": messages, "temperature": self.temperature,
-                           "max_tokens": self.max_tokens, "seed": seed, "logprobs": True}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        for attempt in range(self.retries + 1):
-            request = urllib.request.Request(self.url, data=body, headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=self.TIMEOUT_S) as response:
-                    choice = json.load(response)["choices"][0]
-                break
-            except urllib.error.HTTPError as error:  # 4xx other than rate limits will not get better
-                if error.code < 500 and error.code != 429 or attempt == self.retries:
-                    raise SystemExit(f"openai backend: {self.url} answered {error.code}: {error.read()[:500]!r}")
-            except (urllib.error.URLError, OSError) as error:
-                if attempt == self.retries:
-                    raise SystemExit(f"openai backend: {self.url} failed after {self.retries} retries: {error}")
-            time.sleep(2 ** attempt)
+        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                "max_tokens": self.max_tokens, "seed": seed, "logprobs": True}
+        choice = post_json(self.url, body, self.api_key, self.retries, self.TIMEOUT_S)["choices"][0]
         message = choice["message"]
         text = message.get("content") or ""
         reasoning = message.get("reasoning_content") or message.get("reasoning")

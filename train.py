@@ -41,8 +41,10 @@ Simplifications, said out loud:
   processes), so advantages, normalised within a task, need nothing from other ranks.
 - Every sample is forwarded, also those with advantage 0 (they add no gradient but do add entropy).
 - The reference model (--beta > 0) is a full, unsharded copy on every rank.
-- --backend vllm keeps one vLLM engine beside the policy in one process only; it sleeps (on a GPU)
-  whenever it is not generating and takes the policy's weights after every update.
+- --backend vllm keeps one vLLM engine beside the policy in every process (tensor parallel size 1); it
+  sleeps (on a GPU) whenever it is not generating. --backend vllm-server generates through a vLLM server
+  started apart. Either takes the policy's weights after every update (LoRA merged into them), and the
+  engine's greedy reply and log-probs of a fixed prompt are checked against the policy's on every rank.
 """
 
 import argparse
@@ -69,8 +71,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import reward
 from batching import Sample, collate, reply_logits, token_logprobs
 from evaluate import EvalConfig
-from generate import HFBackend, Task, VLLMBackend, check_model, check_vllm, load_tasks, run_turn
+from generate import HFBackend, Task, check_model, check_vllm, load_tasks, run_turn
 from tiny_model import build_tiny_model
+from vllm_sync import ColocatedEngine, ServedEngine, policy_weights, sync_error
 
 REPO = Path(__file__).resolve().parent
 # Sizes: the paper's for a real model on a GPU; a demo of minutes for the tiny model or on a CPU.
@@ -274,49 +277,19 @@ def is_sharded(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.FSDP or (plugin is not None and plugin.zero_stage == 3)
 
 
-def push_weights(llm, model) -> None:
-    """Load `model`'s current weights into a vLLM engine of the same process, in place.
-
-    vLLM's worker `reload_weights` takes checkpoint-format tensors and redoes its own post-load
-    processing (fused QKV, CPU repacking); plain `load_weights` fails once that processing has run.
-    With tied embeddings vLLM's lm_head shares the embedding and loads nothing itself, so its own
-    post-load step (on a CPU build: a repacked copy of the weight for the GEMM) is redone afterwards."""
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()
-               if not (tied and name == "lm_head.weight")]
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
-    if tied:
-        llm.collective_rpc(_refresh_tied_lm_head)
-
-
-def _refresh_tied_lm_head(worker) -> None:
-    lm_head = worker.model_runner.get_model().lm_head
-    lm_head.quant_method.process_weights_after_loading(lm_head)
-
-
-class ColocatedVLLM(VLLMBackend):
-    """generate.py's vLLM backend beside the policy, in the same process. On a GPU it sleeps outside
-    generation (weights to CPU memory, KV cache freed) so that kernels can be evaluated and the policy
-    trained; vLLM's sleep mode exists on GPUs only. After an update, set `policy`: its weights are
-    pushed into the engine before it generates again."""
-
-    def __init__(self, model_path: str, temperature: float, max_tokens: int, memory_utilization: float, seed: int):
-        self.sleeps = torch.cuda.is_available()
-        self.policy = None
-        super().__init__(model_path, temperature, max_tokens, 1, memory_utilization, seed, enable_sleep_mode=self.sleeps)
-        if self.sleeps:
-            self.llm.sleep(level=1)
-
-    def generate(self, prompts, seeds):
-        if self.sleeps:
-            self.llm.wake_up()
-        if self.policy is not None:
-            push_weights(self.llm, self.policy)
-            self.policy = None
-        replies = super().generate(prompts, seeds)
-        if self.sleeps:
-            self.llm.sleep(level=1)
-        return replies
+def push_policy(run, when: str) -> list[dict] | None:
+    """The policy's weights into the vLLM engine (every rank takes part: gathers are collectives), then each
+    rank's engine checked against the policy on a fixed prompt and one line printed; None with the hf backend."""
+    if run.backend is None:
+        return None
+    run.backend.load_weights(policy_weights(run.accelerator, run.model))
+    run.accelerator.wait_for_everyone()  # a served engine: no rank generates before it has the new weights
+    with policy_for_generation(run.accelerator, run.model) as policy:
+        checks = gather_object([sync_error(run.backend, policy, run.tokenizer)])
+    run.accelerator.print(f"weights pushed {when}: " + "; ".join(
+        f"rank {rank} greedy {'same' if c['greedy_match'] else 'DIFFERENT'}, max |log-prob diff| "
+        f"{c['max_logprob_diff']:.1e}" for rank, c in enumerate(checks)))
+    return checks
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -336,6 +309,8 @@ def check_inputs(args: argparse.Namespace) -> None:
         check_model(args.model)
     if args.backend == "vllm":
         check_vllm()
+    if (args.backend == "vllm-server") != (args.base_url is not None):
+        raise SystemExit("error: --base-url goes with --backend vllm-server, and it needs one")
 
 
 def clear_previous_run(output_dir: Path, log_path: Path) -> None:
@@ -392,8 +367,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="most tokens in a reply, and the loss's length normaliser (default: 16384 / 128)")
     p.add_argument("--context-budget", type=int, default=16384,
                    help="most prompt tokens; previous attempts that do not fit are dropped earliest first")
-    p.add_argument("--backend", choices=["hf", "vllm"], default="hf",
-                   help="hf: generate with the policy itself; vllm: a colocated engine fed the policy's weights (one process)")
+    p.add_argument("--backend", choices=["hf", "vllm", "vllm-server"], default="hf",
+                   help="hf: generate with the policy itself; vllm: a vLLM engine in every process; vllm-server: "
+                        "the vLLM server at --base-url; both vLLM ones take the policy's weights after every update")
+    p.add_argument("--base-url", default=None,
+                   help="vllm-server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1 (README: "
+                        "how to start it); the weights go through OUTPUT_DIR/weights, which it must be able to read")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3,
                    help="vllm: share of GPU memory (of host memory on a CPU build) the engine takes")
     p.add_argument("--eval-device", choices=["cuda", "cpu"], default=None,
@@ -448,8 +427,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.reward = reward.reward_config(args)
     if args.resume and args.overwrite:
         raise SystemExit("--resume continues the previous run and --overwrite deletes it: pass one")
-    if args.backend == "vllm" and args.lora_rank:
-        raise SystemExit("--backend vllm takes full weights: it cannot be combined with --lora-rank")
     return args
 
 
@@ -463,7 +440,7 @@ class Run:
     tokenizer: object
     pad_id: int
     ref_model: torch.nn.Module | None  # frozen reference for the KL term (--beta > 0 only)
-    backend: ColocatedVLLM | None  # None: generate with the policy itself
+    backend: ColocatedEngine | ServedEngine | None  # None: generate with the policy itself
     eval_config: EvalConfig
     accumulation: int  # micro-batches per update, the same on every rank
     steps: int
@@ -544,8 +521,6 @@ def setup(args: argparse.Namespace) -> Run:
     # A rank waits at the next collective while the slowest rank's kernels are being evaluated.
     state = PartialState(cpu=not on_gpu, timeout=timedelta(hours=3))
     world = state.num_processes
-    if args.backend == "vllm" and world > 1:
-        raise SystemExit("--backend vllm runs in one process only; use the hf backend with accelerate launch")
     # What each step trains on decides how many micro-batches an update takes on every rank.
     plan, tasks = None, None
     if args.rollouts:
@@ -566,8 +541,13 @@ def setup(args: argparse.Namespace) -> Run:
     if args.beta > 0:
         ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(accelerator.device).eval()
         ref_model.requires_grad_(False)
-    backend = ColocatedVLLM(model_path, args.temperature, args.max_tokens, args.gpu_memory_utilization,
-                            args.seed) if args.backend == "vllm" else None
+    backend = None
+    if args.backend == "vllm":
+        backend = ColocatedEngine(model_path, args.temperature, args.max_tokens, args.gpu_memory_utilization, args.seed,
+                                  "bfloat16" if args.bf16 else "float32")
+    elif args.backend == "vllm-server":
+        backend = ServedEngine(args.base_url, tokenizer, args.temperature, args.max_tokens,
+                               Path(args.output_dir) / "weights", accelerator.is_main_process)
     eval_config = EvalConfig(device=args.eval_device, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
                              compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False)
     return Run(accelerator, model, optimizer, tokenizer,
@@ -591,9 +571,8 @@ def resume(args: argparse.Namespace, run: Run) -> tuple[int, Counter]:
         run.accelerator.load_state(str(checkpoint))
         saved = json.loads((checkpoint / "trainer_state.json").read_text())
         start, first_words = saved["step"], Counter(saved["first_words"])
-        if run.backend is not None:
-            run.backend.policy = run.accelerator.unwrap_model(run.model)
         run.accelerator.print(f"resumed from {checkpoint} after step {start}")
+    push_policy(run, "at the start")  # a server may hold other weights; a resumed policy is not the model loaded
     if run.accelerator.is_main_process:
         run.log_path.parent.mkdir(parents=True, exist_ok=True)
         kept = [line for line in run.log_path.read_text().splitlines() if json.loads(line)["step"] <= start] \
@@ -663,8 +642,6 @@ def update(args: argparse.Namespace, run: Run, step: int,
                     grad_norms.append(float(norm) if norm is not None else float("nan"))
                 run.optimizer.step()
                 run.optimizer.zero_grad()
-    if run.backend is not None:
-        run.backend.policy = accelerator.unwrap_model(model)
     return totals, grad_norms, lr
 
 
@@ -682,8 +659,10 @@ def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], co
 
 
 def log_step(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts, totals: torch.Tensor,
-             grad_norms: list[float], lr: float, seconds: dict[str, float], first_words: Counter) -> dict:
-    """The step's metrics over all ranks, sent to the trackers and appended to the metrics log."""
+             grad_norms: list[float], lr: float, seconds: dict[str, float], first_words: Counter,
+             sync: list[dict] | None) -> dict:
+    """The step's metrics over all ranks, sent to the trackers and appended to the metrics log (with vLLM:
+    each rank's engine checked against the policy after the push)."""
     accelerator, world = run.accelerator, run.accelerator.num_processes
     rows = gather_object(rollout_rows(rollouts.trajectories))
     checksums = gather_object([parameter_checksum(run.model)])
@@ -702,7 +681,8 @@ def log_step(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts, 
         with run.log_path.open("a") as f:
             f.write(json.dumps({"step": step + 1, "tasks": rollouts.tasks, "samples": rollouts.samples,
                                 "usual_first_word": usual, **metrics, "checksum_per_rank": checksums,
-                                "placement_per_rank": placement}) + "\n")
+                                "placement_per_rank": placement,
+                                **({"sync_per_rank": sync} if sync else {})}) + "\n")
     return metrics
 
 
@@ -721,8 +701,8 @@ def save_final(run: Run) -> None:
     if run.accelerator.is_main_process:
         run.accelerator.unwrap_model(run.model).save_pretrained(run.output_dir / "final", state_dict=state_dict)
         run.tokenizer.save_pretrained(run.output_dir / "final")
-    if run.backend is not None:  # before the process group goes: the engine's shutdown tears down its own groups
-        run.backend.llm.llm_engine.engine_core.shutdown()
+    if run.backend is not None:
+        run.backend.close()
 
 
 # ---------------------------------------------------------------- the loop
@@ -742,7 +722,8 @@ def main(argv=None) -> None:
         rolled_out = time.perf_counter()
         totals, grad_norms, lr = update(args, run, step, rollouts)
         seconds = {"rollout": rolled_out - started, "update": time.perf_counter() - rolled_out}
-        metrics = log_step(args, run, step, rollouts, totals, grad_norms, lr, seconds, first_words)
+        sync = push_policy(run, f"after step {step + 1}")
+        metrics = log_step(args, run, step, rollouts, totals, grad_norms, lr, seconds, first_words, sync)
         history.append({"step": step + 1, **metrics})
         bar.set_postfix(score=f"{metrics['reward/score']:.3f}", correct=f"{metrics['reward/correct']:.0%}")
         if (step + 1) % args.save_every == 0 or step + 1 == run.steps:
