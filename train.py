@@ -541,12 +541,12 @@ def setup(args: argparse.Namespace) -> Run:
     if args.beta > 0:
         ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(accelerator.device).eval()
         ref_model.requires_grad_(False)
-    backend = None
+    backend, dtype = None, "bfloat16" if args.bf16 else "float32"  # the engine's: the policy's compute dtype
     if args.backend == "vllm":
         backend = ColocatedEngine(model_path, args.temperature, args.max_tokens, args.gpu_memory_utilization, args.seed,
-                                  "bfloat16" if args.bf16 else "float32")
+                                  dtype)
     elif args.backend == "vllm-server":
-        backend = ServedEngine(args.base_url, tokenizer, args.temperature, args.max_tokens,
+        backend = ServedEngine(args.base_url, tokenizer, args.temperature, args.max_tokens, dtype,
                                Path(args.output_dir) / "weights", accelerator.is_main_process)
     eval_config = EvalConfig(device=args.eval_device, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
                              compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False)

@@ -154,16 +154,17 @@ class ServedEngine(ChatTokens):
     """A vLLM OpenAI-compatible server: /v1/completions with the prompt as token ids, answering with the reply's
     token ids and the sampling log-prob of each (the server must run with --logprobs-mode processed_logprobs).
     Top-p, top-k, min-p and penalties are sent switched off, so the model's generation_config cannot change
-    the distribution the trainer's log-probs are taken from."""
+    the distribution the trainer's log-probs are taken from. The weights are written in `dtype`, the server's
+    (--dtype): float32, or bfloat16 under --bf16."""
 
     TIMEOUT_S = 3600
 
-    def __init__(self, base_url: str, tokenizer, temperature: float, max_tokens: int, weights_dir: Path,
+    def __init__(self, base_url: str, tokenizer, temperature: float, max_tokens: int, dtype: str, weights_dir: Path,
                  is_main: bool, concurrency: int = 64, retries: int = 3):
         self.base_url = base_url.rstrip("/")
         self.root = self.base_url.removesuffix("/v1")
         self.tokenizer, self.temperature, self.max_tokens = tokenizer, temperature, max_tokens
-        self.weights_path = weights_dir / "model.safetensors"
+        self.dtype, self.weights_path = getattr(torch, dtype), weights_dir / "model.safetensors"
         self.is_main, self.concurrency, self.retries = is_main, concurrency, retries
         self.model = served_model(self.base_url)
 
@@ -191,7 +192,7 @@ class ServedEngine(ChatTokens):
         from safetensors.torch import save_file
 
         self.weights_path.parent.mkdir(parents=True, exist_ok=True)
-        state = {name: tensor.to("cpu", copy=True).contiguous() for name, tensor in weights}
+        state = {name: tensor.to("cpu", self.dtype, copy=True).contiguous() for name, tensor in weights}
         with tempfile.NamedTemporaryFile(dir=self.weights_path.parent, suffix=".tmp", delete=False) as f:
             save_file(state, f.name)
         os.replace(f.name, self.weights_path)
