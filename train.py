@@ -73,7 +73,7 @@ from batching import Sample, collate, reply_logits, token_logprobs
 from evaluate import EvalConfig
 from generate import HFBackend, Task, check_model, check_vllm, load_tasks, run_turn
 from tiny_model import build_tiny_model
-from vllm_sync import ColocatedEngine, ServedEngine, policy_weights, sync_error
+from vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 
 REPO = Path(__file__).resolve().parent
 # Sizes: the paper's for a real model on a GPU; a demo of minutes for the tiny model or on a CPU.
@@ -311,6 +311,8 @@ def check_inputs(args: argparse.Namespace) -> None:
         check_vllm()
     if (args.backend == "vllm-server") != (args.base_url is not None):
         raise SystemExit("error: --base-url goes with --backend vllm-server, and it needs one")
+    if args.base_url is not None:
+        served_model(args.base_url)  # answers, before anything is loaded
 
 
 def clear_previous_run(output_dir: Path, log_path: Path) -> None:

@@ -14,9 +14,11 @@
 - `sync_error`: after a push, the engine's greedy tokens and log-probs of a fixed prompt against the policy's.
 """
 
+import json
 import os
 import re
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -211,9 +213,6 @@ class ServedEngine(ChatTokens):
 
 def served_model(base_url: str) -> str:
     """The one model the server serves; a one-line error if it does not answer."""
-    import json
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"{base_url}/models", timeout=30) as response:
             return json.load(response)["data"][0]["id"]

@@ -138,3 +138,12 @@ def test_two_ranks_generate_through_a_vllm_server_that_takes_the_pushed_weights(
                             "--output-dir", str(tmp_path / "run"))
     assert_every_push_matched_on_both_ranks(tmp_path / "run", done)
     assert (tmp_path / "run" / "weights" / "model.safetensors").exists()
+
+
+def test_a_server_that_does_not_answer_is_a_one_line_error(tmp_path):
+    from test_openai_server import free_port
+
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "--backend", "vllm-server", "--base-url",
+                           f"http://127.0.0.1:{free_port()}/v1", "--output-dir", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode != 0 and "no vLLM server answers" in done.stderr and "Traceback" not in done.stderr
