@@ -311,6 +311,25 @@ def test_default_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (see README)")
+def test_zero3_with_the_optimizer_offloaded_trains_online_on_one_gpu(tmp_path):
+    """configs/deepspeed_zero3.yaml as shipped (CPU Adam, built at first use), the tiny model, two online steps:
+    the loop runs and logs, the GPU holds no optimizer state, and the first step's memory is printed. (The tiny
+    model's kernels all fail alike, so its advantages are 0: the offline update of bench/grpo_step.py is the one
+    that moves weights under ZeRO-3.)"""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                str(ROOT / "configs" / "deepspeed_zero3.yaml"), "--num_processes", "1"]
+    done = run_train("--steps", "2", "--tasks-per-step", "2", "--n-trajectories", "2", "--turns", "1",
+                     "--max-tokens", "64", "--lr", "1e-3", "--output-dir", str(tmp_path), launcher=launcher, timeout=900)
+    log = read_log(tmp_path)
+    assert [m["step"] for m in log] == [1, 2]
+    assert all(math.isfinite(m["train/loss"]) and math.isfinite(m["train/grad_norm"]) for m in log)
+    assert all(m["memory/optimizer_gib"] == 0 and m["memory/peak_gib"] > 0 for m in log)
+    assert "memory of the first update" in done.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_online_steps_on_the_gpu_roll_out_evaluate_and_log(tmp_path):
     """The tiny model on the GPU, CUDA evaluation of its replies, shrunk sizes: the loop, not learning."""
     run_train("--steps", "2", "--tasks-per-step", "2", "--n-trajectories", "2", "--turns", "2", "--max-tokens", "64",
