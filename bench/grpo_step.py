@@ -28,7 +28,7 @@ model's positions) where the listed lengths all fit.
 
 Rows are written to --out as each finishes (a JSON list); a re-run skips the rows already there. TRL is a
 benchmark-only dependency (README: carried wheels), as is DeepSpeed for zero3_offload. Rows: model ("tiny",
-"0.5b", "7b": Qwen2.5-7B's shape with tied embeddings, 7.1B parameters), mode ("full", "lora" rank 16 on
+"0.5b", "7b": Qwen2.5-7B's shape, untied embeddings, 7.6B parameters), mode ("full", "lora" rank 16 on
 every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, and the batch (prompt_tokens,
 samples, micro_batch), TRL's logged loss and each side's gradient norms (they agree), wall_s, error.
 """
@@ -54,7 +54,8 @@ SHAPES = {"tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_lay
                    "num_key_value_heads": 2},
           "0.5b": tiny_model.QWEN2_05B_SHAPE,
           "7b": {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
-                 "num_attention_heads": 28, "num_key_value_heads": 4, "rope_theta": 1e6, "rms_norm_eps": 1e-6}}
+                 "num_attention_heads": 28, "num_key_value_heads": 4, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+                 "tie_word_embeddings": False}}
 GPU_ROWS = [f"{model}:{mode}:{reply}" for model, mode in [("0.5b", "full"), ("7b", "lora"), ("7b", "zero3_offload")]
             for reply in (512, 4096, 16384)]
 CPU_ROWS = [f"tiny:{mode}:{reply}" for mode in ("full", "lora") for reply in (16, 64)]
