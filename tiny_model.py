@@ -104,9 +104,8 @@ def random_qwen2(tokenizer, shape: dict, seed: int = SEED, dtype: str = "float32
 
     eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     config = Qwen2Config(
-        **shape,
+        **{"tie_word_embeddings": True, **shape},  # tied like Qwen2-0.5B unless the shape says otherwise
         max_position_embeddings=32768,  # room for a 16k-token prompt plus a 16k-token reply
-        tie_word_embeddings=True,
         bos_token_id=pad,
         eos_token_id=eos,
         pad_token_id=pad,

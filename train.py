@@ -69,7 +69,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import reward
-from batching import Sample, collate, reply_logits, token_logprobs
+from batching import Sample, collate, put_logprob_head, reply_logprobs
 from evaluate import EvalConfig
 from generate import HFBackend, Task, check_model, check_vllm, load_tasks, run_turn
 from tiny_model import build_tiny_model
@@ -85,12 +85,6 @@ CPU_PLACE = {"tasks": str(REPO / "tests" / "tasks"), "eval_device": "cpu", "bf16
 
 
 # ---------------------------------------------------------------- the loss: small pure functions
-def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) at each position: falling fast means collapse, rising means junk."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                       eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), and where the clip binds (no gradient).
@@ -151,23 +145,23 @@ def micro_batches(samples: list[Sample], size: int, count: int) -> list[list[Sam
 def grpo_loss(model, batch: dict[str, torch.Tensor], temperature: float, eps_low: float, eps_high: float,
               constant: float, beta: float = 0.0, ref_model=None):
     """(loss, token statistics, old log-probs used) for one micro-batch; positions without a recorded
-    sampling log-prob take the policy's own, detached (ratio 1)."""
-    logits = reply_logits(model, batch)
-    logprobs = token_logprobs(logits, batch["targets"], temperature)
+    sampling log-prob take the policy's own, detached (ratio 1). The models' output layers are LogprobHeads
+    (batching.put_logprob_head): no micro-batch's whole logits are ever built."""
+    logprobs, entropy = reply_logprobs(model, batch, temperature)
     mask = batch["reply_mask"]
     old = torch.where(batch["old_logprobs"].isnan(), logprobs.detach(), batch["old_logprobs"])
     token_loss, clipped = clipped_surrogate(logprobs, old, batch["advantages"][:, None], eps_low, eps_high)
     stats = {}
     if beta > 0:
         with torch.no_grad():
-            ref = token_logprobs(reply_logits(ref_model, batch), batch["targets"], temperature)
+            ref, _ = reply_logprobs(ref_model, batch, temperature)
         kl = kl_k3(logprobs, ref)
         token_loss = token_loss + beta * kl
         stats["kl"] = kl.detach()[mask].sum()
     loss = constant_normalised_sum(token_loss, mask, constant)
     with torch.no_grad():
         stats.update(tokens=mask.sum(), clipped=clipped[mask].sum(),
-                     entropy=token_entropy(logits[mask], temperature).sum())
+                     entropy=entropy[mask].sum())
     return loss, stats, old
 
 
@@ -354,6 +348,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train LoRA adapters of this rank (alpha = 2 x rank) on every linear layer instead of all "
                         "weights; 0: full fine-tuning (needs peft)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward to save memory")
+    p.add_argument("--logprob-chunk", type=int, default=1024,
+                   help="reply tokens whose vocabulary-sized logits the loss computes at once (and again in "
+                        "backward); memory ~ chunk x vocabulary x 12 bytes, whatever the reply length")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 mixed precision, fp32 master weights (default: on with a GPU, off without)")
     # tasks and rollouts (defaults: the paper's for a real model on a GPU, a small demo otherwise)
@@ -417,7 +414,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, name, value)
     args.log = args.log or str(Path(args.output_dir) / "metrics.jsonl")
     for flag in ("tasks_per_step", "n_trajectories", "turns", "max_tokens", "context_budget", "updates_per_batch",
-                 "micro_batch_size", "save_every"):
+                 "micro_batch_size", "save_every", "logprob_chunk"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
     if args.steps is not None and args.steps < 1:
@@ -498,9 +495,16 @@ def make_accelerator(args: argparse.Namespace, accumulation: int, on_gpu: bool) 
     return accelerator
 
 
+def offloads_optimizer(accelerator: Accelerator) -> bool:
+    """DeepSpeed ZeRO with the optimizer state in CPU memory (configs/deepspeed_zero3.yaml)."""
+    plugin = accelerator.state.deepspeed_plugin
+    zero = plugin.deepspeed_config.get("zero_optimization", {}) if plugin is not None else {}
+    return zero.get("offload_optimizer", {}).get("device") == "cpu"
+
+
 def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: str):
     """(model, optimizer), prepared by accelerate: the whole model or its LoRA adapters, in training mode."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = put_logprob_head(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), args.logprob_chunk)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora_rank:
@@ -508,8 +512,14 @@ def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: 
 
         model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank,
                                                  target_modules="all-linear", task_type="CAUSAL_LM"))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
-                                  weight_decay=args.weight_decay)
+    # AdamW's state is made at the first optimizer step, not here: nothing but the weights is resident before.
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if offloads_optimizer(accelerator):  # ZeRO-Offload takes DeepSpeed's own CPU Adam (built at first use) only
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        optimizer = DeepSpeedCPUAdam(trainable, lr=args.lr, weight_decay=args.weight_decay, adamw_mode=True)
+    else:
+        optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=args.weight_decay)
     if accelerator.state.deepspeed_plugin is not None:  # no dataloader to read the micro-batch size from
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = args.micro_batch_size
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -541,7 +551,8 @@ def setup(args: argparse.Namespace) -> Run:
     model, optimizer = load_policy(args, accelerator, model_path)
     ref_model = None
     if args.beta > 0:
-        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(accelerator.device).eval()
+        ref_model = put_logprob_head(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
+                                     args.logprob_chunk).to(accelerator.device).eval()
         ref_model.requires_grad_(False)
     backend, dtype = None, "bfloat16" if args.bf16 else "float32"  # the engine's: the policy's compute dtype
     if args.backend == "vllm":
@@ -614,10 +625,14 @@ def roll_out(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
 
 
 def update(args: argparse.Namespace, run: Run, step: int,
-           rollouts: Rollouts) -> tuple[torch.Tensor, list[float], float]:
+           rollouts: Rollouts) -> tuple[torch.Tensor, list[float], float, dict[str, float]]:
     """--updates-per-batch gradient steps on the rollouts: (this rank's summed loss, tokens, clipped, entropy
-    and kl; the gradient norm of each step; the last learning rate)."""
+    and kl; the gradient norm of each step; the last learning rate; what this rank's GPU memory held)."""
     accelerator, model = run.accelerator, run.model
+    on_gpu = accelerator.device.type == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+        before, gradients = torch.cuda.memory_allocated() / 2**30, 0.0
     samples = turn_samples(rollouts.trajectories)
     # DDP averages over ranks: the global sum / (max tokens x samples)
     constant = args.max_tokens * rollouts.samples / accelerator.num_processes
@@ -642,9 +657,30 @@ def update(args: argparse.Namespace, run: Run, step: int,
                     norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP 2: a DTensor
                     grad_norms.append(float(norm) if norm is not None else float("nan"))
+                    if on_gpu:
+                        gradients = gpu_gib(p.grad for p in model.parameters())
                 run.optimizer.step()
                 run.optimizer.zero_grad()
-    return totals, grad_norms, lr
+    memory = {}
+    if on_gpu:
+        weights = gpu_gib(model.parameters())
+        optimizer = gpu_gib(t for state in run.optimizer.state.values() for t in state.values())
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        memory = {"memory/before_update_gib": before, "memory/peak_gib": peak, "memory/weights_gib": weights,
+                  "memory/gradients_gib": gradients, "memory/optimizer_gib": optimizer,
+                  "memory/activations_gib": peak - weights - gradients - optimizer}
+    return totals, grad_norms, lr, memory
+
+
+def gpu_gib(tensors) -> float:
+    """GiB of GPU memory that these tensors hold, each storage once (tied weights); None and non-tensors are
+    skipped, and a ZeRO-3 parameter counts as its partition (ds_tensor)."""
+    storages = {}
+    for tensor in tensors:
+        for held in (tensor, getattr(tensor, "ds_tensor", None)):
+            if isinstance(held, torch.Tensor) and held.is_cuda:
+                storages[held.untyped_storage().data_ptr()] = held.untyped_storage().nbytes()
+    return sum(storages.values()) / 2**30
 
 
 def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], constant: float):
@@ -661,10 +697,10 @@ def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], co
 
 
 def log_step(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts, totals: torch.Tensor,
-             grad_norms: list[float], lr: float, seconds: dict[str, float], first_words: Counter,
-             sync: list[dict] | None) -> dict:
-    """The step's metrics over all ranks, sent to the trackers and appended to the metrics log (with vLLM:
-    each rank's engine checked against the policy after the push)."""
+             grad_norms: list[float], lr: float, seconds: dict[str, float], memory: dict[str, float],
+             first_words: Counter, sync: list[dict] | None) -> dict:
+    """The step's metrics over all ranks, sent to the trackers and appended to the metrics log (GPU memory:
+    the main process's; with vLLM: each rank's engine checked against the policy after the push)."""
     accelerator, world = run.accelerator, run.accelerator.num_processes
     rows = gather_object(rollout_rows(rollouts.trajectories))
     checksums = gather_object([parameter_checksum(run.model)])
@@ -677,7 +713,7 @@ def log_step(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts, 
                "train/loss": totals[0] / (world * args.updates_per_batch),
                "train/clip_ratio": totals[2] / tokens, "train/entropy": totals[3] / tokens,
                "train/kl": totals[4] / tokens, "train/grad_norm": sum(grad_norms) / len(grad_norms),
-               "train/lr": lr, "time/rollout_s": seconds["rollout"], "time/update_s": seconds["update"]}
+               "train/lr": lr, "time/rollout_s": seconds["rollout"], "time/update_s": seconds["update"], **memory}
     accelerator.log(metrics, step=step + 1)
     if accelerator.is_main_process:
         with run.log_path.open("a") as f:
@@ -722,10 +758,12 @@ def main(argv=None) -> None:
         started = time.perf_counter()
         rollouts = roll_out(args, run, step)
         rolled_out = time.perf_counter()
-        totals, grad_norms, lr = update(args, run, step, rollouts)
+        totals, grad_norms, lr, memory = update(args, run, step, rollouts)
         seconds = {"rollout": rolled_out - started, "update": time.perf_counter() - rolled_out}
         sync = push_policy(run, f"after step {step + 1}")
-        metrics = log_step(args, run, step, rollouts, totals, grad_norms, lr, seconds, first_words, sync)
+        metrics = log_step(args, run, step, rollouts, totals, grad_norms, lr, seconds, memory, first_words, sync)
+        if memory and step == start:
+            run.accelerator.print(memory_line(memory))
         history.append({"step": step + 1, **metrics})
         bar.set_postfix(score=f"{metrics['reward/score']:.3f}", correct=f"{metrics['reward/correct']:.0%}")
         if (step + 1) % args.save_every == 0 or step + 1 == run.steps:
@@ -735,6 +773,14 @@ def main(argv=None) -> None:
     run.accelerator.end_training()
     run.accelerator.print(summary_table(history))
     run.accelerator.print(f"metrics: {run.log_path}   model: {run.output_dir / 'final'}")
+
+
+def memory_line(memory: dict[str, float]) -> str:
+    """What the first step's update held on the GPU: nothing but the weights is resident before it."""
+    return (f"memory of the first update (GiB, this GPU): {memory['memory/before_update_gib']:.2f} before it; "
+            f"peak {memory['memory/peak_gib']:.2f} = weights {memory['memory/weights_gib']:.2f} + gradients "
+            f"{memory['memory/gradients_gib']:.2f} + optimizer {memory['memory/optimizer_gib']:.2f} + activations "
+            f"and logits {memory['memory/activations_gib']:.2f}")
 
 
 def summary_table(history: list[dict]) -> str:

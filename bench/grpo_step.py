@@ -1,0 +1,326 @@
+"""One GRPO update, Hugging Face TRL's GRPOTrainer against train.py's, on the same random model, batch and
+settings: tokens/s and peak GPU memory for each reply length, model shape and mode, and the longest reply
+that each side fits.
+
+Both sides get one group of S samples of a 1,024-token prompt and R reply tokens (random ids of the tiny
+tokenizer, fixed advantages, old log-probs -log(vocabulary), so ratios start near 1) and take the paper's
+settings: beta 0, the Dr. GRPO normaliser (R), eps 0.2 / 0.28, temperature 0.9, lr 2e-6 constant, grad norm
+clipped at 0.05, AdamW (DeepSpeed's CPU Adam under ZeRO offload), 2 optimizer steps per batch, bf16 autocast
+over fp32 weights, gradient checkpointing, micro-batches of M samples accumulated over the batch.
+  trl      GRPOTrainer.train() for 4 optimizer steps, its generation bypassed: _generate_and_score_completions
+           returns the pre-built batch. Steps 3-4 are timed (on_step_begin to on_step_end) and measured.
+  project  train.py's own setup() and update() on the same batch written as a --rollouts file: step 1 warms
+           up, step 2's update (its 2 optimizer steps) is timed and measured.
+S and M are chosen per length (--tokens-per-update) so that each row takes seconds: tokens/s and peak memory
+need no 64 samples at 16K. Peak memory is torch's peak allocation over the timed steps (weights, gradients,
+optimizer state, activations). Each measurement runs in a fresh process, launched as its mode needs
+(`accelerate launch --config_file configs/deepspeed_zero3.yaml` for zero3_offload): no side inherits the
+other's allocator, Accelerate's GradientState (shared by every Accelerator of a process: left set by one
+trainer, it makes the next zero its gradients at every micro-batch) or an out-of-memory error. A process
+that runs out of GPU or host memory makes a row with fits false, tokens_per_s and peak_gib null (peak_gib
+is null on the CPU too: torch measures GPU memory only). The longest reply that fits is the
+longest length of a side's rows that ran; --probe-longest adds a row at 32,768 - prompt tokens (the random
+model's positions) where the listed lengths all fit.
+
+    python bench/grpo_step.py --out results/grpo_step_h200.json                 # every row, on the GPU machine
+    python bench/grpo_step.py --rows 0.5b:full:512 7b:lora:16384 --out ...       # some rows
+    python bench/grpo_step.py --rows tiny:full:16 tiny:lora:64 --out /tmp/grpo_step.json   # the CPU, toy sizes
+
+Rows are written to --out as each finishes (a JSON list); a re-run skips the rows already there. TRL is a
+benchmark-only dependency (README: carried wheels), as is DeepSpeed for zero3_offload. Rows: model ("tiny",
+"0.5b", "7b": Qwen2.5-7B's shape, untied embeddings, 7.6B parameters), mode ("full", "lora" rank 16 on
+every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, and the batch (prompt_tokens,
+samples, micro_batch), TRL's logged loss and each side's gradient norms (they agree), wall_s, error.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+import tiny_model  # noqa: E402
+import train  # noqa: E402
+
+SHAPES = {"tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
+                   "num_key_value_heads": 2},
+          "0.5b": tiny_model.QWEN2_05B_SHAPE,
+          "7b": {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                 "num_attention_heads": 28, "num_key_value_heads": 4, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+                 "tie_word_embeddings": False}}
+GPU_ROWS = [f"{model}:{mode}:{reply}" for model, mode in [("0.5b", "full"), ("7b", "lora"), ("7b", "zero3_offload")]
+            for reply in (512, 4096, 16384)]
+CPU_ROWS = [f"tiny:{mode}:{reply}" for mode in ("full", "lora") for reply in (16, 64)]
+POSITIONS = 32768  # tiny_model.random_qwen2's max_position_embeddings
+LORA_RANK = 16
+DEFAULTS = train.parse_args([])  # the paper's settings, as train.py has them
+
+
+def parse_args(argv=None):
+    on_gpu = torch.cuda.is_available()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", nargs="+", default=GPU_ROWS if on_gpu else CPU_ROWS,
+                   help="MODEL:MODE:REPLY_TOKENS rows to run (default: 0.5b full, 7b lora and 7b zero3_offload at "
+                        "512, 4096 and 16384 on a GPU; tiny full and lora at 16 and 64 on the CPU)")
+    p.add_argument("--sides", nargs="+", choices=["trl", "project"], default=["trl", "project"], help="who to run")
+    p.add_argument("--prompt-tokens", type=int, default=1024 if on_gpu else 32, help="prompt length of every sample")
+    p.add_argument("--tokens-per-update", type=int, default=16384 if on_gpu else 256,
+                   help="about this many tokens a batch: S = max(2, this // (prompt + reply)) samples")
+    p.add_argument("--tokens-per-micro-batch", type=int, default=8192 if on_gpu else 128,
+                   help="about this many tokens a forward pass: M = max(1, this // (prompt + reply)) samples")
+    p.add_argument("--probe-longest", action="store_true",
+                   help=f"also try a reply of {POSITIONS} - prompt tokens where every listed length of a model and "
+                        "mode fitted")
+    p.add_argument("--out", default=str(REPO / "results" / "grpo_step.json"), help="rows as a JSON list")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one measurement, in its own process
+    args = p.parse_args(argv)
+    for row in args.rows:
+        model, mode, reply = (row.split(":") + ["", ""])[:3]
+        if model not in SHAPES or mode not in ("full", "lora", "zero3_offload") or not reply.isdigit():
+            raise SystemExit(f"--rows {row}: want MODEL:MODE:REPLY_TOKENS, MODEL of {list(SHAPES)}, MODE of full, "
+                             "lora, zero3_offload")
+        if mode == "zero3_offload" and not on_gpu:
+            raise SystemExit(f"--rows {row}: zero3_offload needs a GPU (DeepSpeed)")
+        if args.prompt_tokens + int(reply) > POSITIONS:
+            raise SystemExit(f"--rows {row}: prompt + reply is over the model's {POSITIONS} positions")
+    return args
+
+
+# ---------------------------------------------------------------- the batch, the same for both sides
+def batch_sizes(args, reply: int) -> tuple[int, int]:
+    """(samples S, micro-batch M): S a multiple of M, so both sides accumulate over the same micro-batches."""
+    micro = max(1, args.tokens_per_micro_batch // (args.prompt_tokens + reply))
+    return max(2, math.ceil(args.tokens_per_update // (args.prompt_tokens + reply) / micro)) * micro, micro
+
+
+def build_batch(tokenizer, vocab: int, samples: int, prompt_tokens: int, reply: int) -> dict:
+    """One prompt, `samples` replies of `reply` random ordinary token ids, seeded advantages."""
+    g = torch.Generator().manual_seed(0)
+    low, high = len(tiny_model.SPECIAL_TOKENS), len(tokenizer)
+    return {"prompt": torch.randint(low, high, (prompt_tokens,), generator=g).tolist(),
+            "replies": torch.randint(low, high, (samples, reply), generator=g).tolist(),
+            "advantages": torch.randn(samples, generator=g).tolist(), "old_logprob": -math.log(vocab)}
+
+
+def model_path(name: str) -> str:
+    """The random model of this shape (bf16 on disk but the tiny one), written once, on the GPU if there is one."""
+    path = REPO / ".cache" / f"grpo-step-{name}"
+    if not tiny_model.is_built(path):
+        tokenizer = tiny_model.train_tokenizer(tiny_model.corpus_files())
+        shape = {"vocab_size": len(tokenizer), **SHAPES[name]}
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # initialising 7B on a CPU takes minutes
+            tiny_model.write_model(path, tokenizer, shape, "float32" if name == "tiny" else "bfloat16")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return str(path)
+
+
+# ---------------------------------------------------------------- the two sides (each in its own process)
+def run_project(spec: dict, batch: dict, work: Path) -> dict:
+    """train.py's setup() and update(): step 1 warms up, step 2 is measured."""
+    turn = {"turn": 0, "prompt": {"messages": [], "token_ids": batch["prompt"]}, "code": "", "summary": "",
+            "eval": {"status": "correct", "compiled": True, "correct": True, "speedup": 1.0, "feedback": ""}}
+    records = [{"task": f"bench/step{step}", "trajectory": k, "turns": [{
+        **turn, "reply": {"text": "", "token_ids": ids, "logprobs": [batch["old_logprob"]] * len(ids)},
+        "score": a, "return": a, "advantage": a}]}
+        for step in (1, 2) for k, (ids, a) in enumerate(zip(batch["replies"], batch["advantages"]))]
+    rollouts = work / "rollouts.jsonl"
+    rollouts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = train.parse_args(["--model", spec["path"], "--rollouts", str(rollouts), "--tasks-per-step", "1",
+                             "--max-tokens", str(spec["reply_tokens"]), "--micro-batch-size", str(spec["micro_batch"]),
+                             "--gradient-checkpointing", "--output-dir", str(work / "project"),
+                             "--bf16" if spec["bf16"] else "--no-bf16",
+                             *(["--lora-rank", str(LORA_RANK)] if spec["mode"] == "lora" else [])])
+    run = train.setup(args)
+    train.update(args, run, 0, train.roll_out(args, run, 0))
+    synchronize()
+    started = time.perf_counter()
+    totals, grad_norms, _, memory = train.update(args, run, 1, train.roll_out(args, run, 1))
+    synchronize()
+    return {"seconds": time.perf_counter() - started, "peak_gib": memory.get("memory/peak_gib"),
+            "loss": totals[0].item() / args.updates_per_batch, "grad_norm": grad_norms}
+
+
+def run_trl(spec: dict, batch: dict, work: Path) -> dict:
+    """GRPOTrainer.train() for 4 optimizer steps on the pre-built batch: steps 3 and 4 are measured."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    samples, micro, reply = len(batch["replies"]), spec["micro_batch"], spec["reply_tokens"]
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    completion_ids = torch.tensor(batch["replies"], device=device)
+    prompt_ids = torch.tensor([batch["prompt"]] * samples, device=device)
+    inputs = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids),
+              "completion_ids": completion_ids, "completion_mask": torch.ones_like(completion_ids),
+              "advantages": torch.tensor(batch["advantages"], device=device),
+              "old_per_token_logps": torch.full(completion_ids.shape, batch["old_logprob"], device=device),
+              "num_items_in_batch": torch.tensor(completion_ids.numel(), device=device)}
+    offload = spec["mode"] == "zero3_offload"
+
+    class BypassedGRPOTrainer(GRPOTrainer):
+        def _generate_and_score_completions(self, generation_batch):
+            return dict(inputs)
+
+        def create_optimizer(self, *args, **kwargs):  # ZeRO-Offload takes DeepSpeed's CPU Adam only
+            if offload and self.optimizer is None:
+                from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+                self.optimizer = DeepSpeedCPUAdam([p for p in self.model.parameters() if p.requires_grad],
+                                                  lr=DEFAULTS.lr, weight_decay=DEFAULTS.weight_decay, adamw_mode=True)
+            return super().create_optimizer(*args, **kwargs)
+
+    class Measure(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                synchronize()
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                synchronize()
+                self.seconds = time.perf_counter() - self.started
+
+    config = GRPOConfig(
+        output_dir=str(work / "trl"), per_device_train_batch_size=micro, gradient_accumulation_steps=samples // micro,
+        num_generations=samples, max_completion_length=reply, num_iterations=DEFAULTS.updates_per_batch, max_steps=4,
+        beta=DEFAULTS.beta, loss_type="dr_grpo", epsilon=DEFAULTS.eps_low, epsilon_high=DEFAULTS.eps_high,
+        temperature=DEFAULTS.temperature, learning_rate=DEFAULTS.lr, lr_scheduler_type="constant",
+        weight_decay=DEFAULTS.weight_decay, optim="adamw_torch", max_grad_norm=DEFAULTS.max_grad_norm,
+        bf16=spec["bf16"], use_cpu=not cuda, gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": False}, model_init_kwargs={"dtype": "float32"},
+        save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True, shuffle_dataset=False,
+        dataloader_num_workers=0, log_completions=False, seed=0)
+    peft_config = None
+    if spec["mode"] == "lora":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules="all-linear",
+                                 task_type="CAUSAL_LM")
+    measure = Measure()
+    trainer = BypassedGRPOTrainer(model=spec["path"], reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                                  args=config, train_dataset=Dataset.from_dict({"prompt": ["p"] * 4}),
+                                  processing_class=AutoTokenizer.from_pretrained(spec["path"]), callbacks=[measure],
+                                  peft_config=peft_config)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {"seconds": measure.seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+            "loss": losses[-1] if losses else None,
+            "grad_norm": [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h][-2:]}
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def child(spec: dict) -> None:
+    """One side of one row; prints `ROW {json}`. Running out of GPU memory is a row with peak_gib null."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["path"])
+    vocab = json.loads((Path(spec["path"]) / "config.json").read_text())["vocab_size"]
+    batch = build_batch(tokenizer, vocab, spec["samples"], spec["prompt_tokens"], spec["reply_tokens"])
+    with tempfile.TemporaryDirectory(prefix="grpo_step_") as work:
+        try:
+            result = (run_trl if spec["side"] == "trl" else run_project)(spec, batch, Path(work))
+        except torch.OutOfMemoryError as error:
+            result = {"seconds": None, "peak_gib": None, "error": f"out of GPU memory: {str(error)[:200]}"}
+    tokens = spec["samples"] * (spec["prompt_tokens"] + spec["reply_tokens"]) * DEFAULTS.updates_per_batch
+    result["tokens_per_s"] = tokens / result["seconds"] if result["seconds"] else None
+    print("ROW " + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------- the table
+def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
+    samples, micro = batch_sizes(args, reply)
+    spec = {"model": model, "mode": mode, "reply_tokens": reply, "side": side, "path": model_path(model),
+            "prompt_tokens": args.prompt_tokens, "samples": samples, "micro_batch": micro,
+            "bf16": torch.cuda.is_available()}
+    launcher = [sys.executable]
+    if mode == "zero3_offload":
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                    str(REPO / "configs" / "deepspeed_zero3.yaml"), "--num_processes", "1", "--mixed_precision", "bf16"]
+    started = time.perf_counter()
+    done = subprocess.run([*launcher, str(Path(__file__).resolve()), "--child", json.dumps(spec)], cwd=REPO,
+                          capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ROW ")]
+    result = json.loads(lines[-1][4:]) if lines else {
+        "tokens_per_s": None, "peak_gib": None,
+        "error": f"exit {done.returncode}{' (killed: out of host memory?)' if done.returncode in (-9, 137) else ''}: "
+                 f"{done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else ''}"}
+    row = {"model": model, "mode": mode, "reply_tokens": reply, "side": side, "tokens_per_s": result["tokens_per_s"],
+           "peak_gib": result["peak_gib"], "fits": "error" not in result, "prompt_tokens": args.prompt_tokens,
+           "samples": samples, "micro_batch": micro, "loss": result.get("loss"), "grad_norm": result.get("grad_norm"),
+           "wall_s": round(time.perf_counter() - started, 1), **({"error": result["error"]} if "error" in result else {})}
+    if "error" in result:
+        print(f"  {side}: {result.get('error')}\n{done.stderr[-2000:]}", file=sys.stderr)
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    """Side by side per model, mode and length, with project/TRL ratios; then the longest reply each side fits."""
+    def key(r):
+        return r["model"], r["mode"], r["reply_tokens"]
+
+    def num(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    by = {(key(r), r["side"]): r for r in rows}
+    lines = ["| model | mode | reply tokens | TRL tokens/s | project tokens/s | ratio | TRL peak GiB | project peak GiB "
+             "| ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    for k in sorted({key(r) for r in rows}, key=lambda k: (list(SHAPES).index(k[0]), k[1], k[2])):
+        trl, own = by.get((k, "trl"), {}), by.get((k, "project"), {})
+        speed = own["tokens_per_s"] / trl["tokens_per_s"] if trl.get("tokens_per_s") and own.get("tokens_per_s") else None
+        memory = own["peak_gib"] / trl["peak_gib"] if trl.get("peak_gib") and own.get("peak_gib") else None
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {num(trl.get('tokens_per_s'), ',.0f')} | "
+                     f"{num(own.get('tokens_per_s'), ',.0f')} | {num(speed, '.2f')}x | {num(trl.get('peak_gib'), '.1f')} | "
+                     f"{num(own.get('peak_gib'), '.1f')} | {num(memory, '.2f')}x |")
+    lines.append("")
+    for model, mode in sorted({k[:2] for k in map(key, rows)}):
+        longest = {side: max((r["reply_tokens"] for r in rows if key(r)[:2] == (model, mode) and r["side"] == side
+                              and r["fits"]), default=None) for side in ("trl", "project")}
+        lines.append(f"longest reply that fits, {model} {mode}: TRL {longest['trl']}, project {longest['project']} "
+                     "(of the lengths tried)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        return child(json.loads(args.child))
+    out = Path(args.out)
+    rows = json.loads(out.read_text()) if out.exists() else []
+    done = {(r["model"], r["mode"], r["reply_tokens"], r["side"]) for r in rows}
+    wanted = [(m, mode, int(reply)) for m, mode, reply in (row.split(":") for row in args.rows)]
+    if args.probe_longest:
+        wanted += sorted({(m, mode, POSITIONS - args.prompt_tokens) for m, mode, _ in wanted})
+    for model, mode, reply in wanted:
+        for side in args.sides:
+            if (model, mode, reply, side) in done:
+                continue
+            if reply == POSITIONS - args.prompt_tokens and any(  # probe only beyond lengths that all fitted
+                    not r["fits"] for r in rows if (r["model"], r["mode"], r["side"]) == (model, mode, side)):
+                continue
+            print(f"{model} {mode} reply {reply}: {side} ...", file=sys.stderr, flush=True)
+            rows.append(measure(args, model, mode, reply, side))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.with_suffix(".tmp").write_text(json.dumps(rows, indent=1))
+            out.with_suffix(".tmp").replace(out)
+    print(table(rows))
+    print(f"rows: {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
+
+
+if __name__ == "__main__":
+    main()
