@@ -6,8 +6,9 @@ also runs where no GPU exists). Each candidate gets a status, a speedup and the 
 reads on its next turn (the five kinds of the Kevin paper, plus `rejected` and `timeout`).
 
 Pipeline, per call of `evaluate(records)`:
-  1. parse: the last fenced code block of a reply (or the record's code as is); the paper's static rules
-     (no try/except, no `pass`, no torch.nn layers / functional / torch compute ops, a native kernel).
+  1. parse: the last fenced code block of a reply (or the record's code as is); the static rules of --rules,
+     the paper's (no try/except, no `pass`, no torch.nn layers / functional / torch compute ops, a native
+     kernel) or KernelBench's (the same, but PyTorch ops and torch.nn layers allowed).
   2. build: every distinct candidate is imported in a child process from a pool sized to the cores, with
      load_inline redirected to a content-addressed build cache of light, precompiled torch headers, so that
      an extension repeated across a GRPO group or a later turn is compiled once and fast (build_cache.py).
@@ -29,7 +30,9 @@ EvalConfig field), build_cache.py and isolation.py; none imports this one.
 
 Defaults follow the KernelBench version Kevin used (atol = rtol = 1e-2, seed 42 before building each
 model so parameters made the same way match); where the paper is silent (number of correctness inputs,
-timing protocol) the choices are flags documented in the README.
+timing protocol, how far repeated runs may differ) the choices are flags documented in the README.
+`--rules kernelbench` judges as KernelBench does instead (its tolerances per dtype; PyTorch allowed for what
+the candidate does not replace), with every runtime defence kept.
 
 Usage:
   python evaluate.py IN.jsonl > OUT.jsonl        # records with `task` and `code`; `-` reads stdin
@@ -427,8 +430,8 @@ def _run(payload: dict) -> dict:
 
     Defences, each named in the feedback when it fires: the candidate runs before the reference on its
     own clone of fresh inputs, into memory poisoned with NaN; its inputs must come back unchanged; it
-    runs twice on the first input set and must agree with itself; its own kernels must do the work
-    (profiler); every timed output is checked too; the timer and the checks must still be the ones
+    runs 1 + repeat_runs times on the first input set and must agree with itself far tighter than with the
+    reference; its own kernels must do the work (profiler); every timed output is checked too; the timer and the checks must still be the ones
     this process started with."""
     start = time.perf_counter()
     run = RunChild(payload)
