@@ -152,7 +152,7 @@ class EvalConfig:
     def __post_init__(self):
         """Every value checked once, here: a trial count of 0 would skip the check it counts (a wrong kernel
         "correct") or leave nothing to time; the first bad value is the error."""
-        checks = [("device", "cuda, cpu or auto", self.device in ("cuda", "cpu", "auto")),
+        rules = [("device", "cuda, cpu or auto", self.device in ("cuda", "cpu", "auto")),
                  ("gpus", "a non-empty list of GPU indices", self.gpus is None or (
                      bool(self.gpus) and all(isinstance(g, int) and g >= 0 for g in self.gpus))),
                  ("correct_trials", "at least 1", self.correct_trials >= 1),
@@ -172,7 +172,7 @@ class EvalConfig:
                  ("rules", "kevin or kernelbench", self.rules in RULES),
                  ("repeat_runs", "at least 1", self.repeat_runs >= 1),
                  ("repeat_tolerance", "at least 0", self.repeat_tolerance >= 0)]
-        for name, rule, ok in checks:
+        for name, rule, ok in rules:
             if not ok:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be {rule}, not {getattr(self, name)!r}")
 
@@ -258,7 +258,8 @@ def _compare(candidate, reference, tolerance: dict[str, list[float]]) -> tuple[s
             return "rejected", f"[not-plain-tensor] {where}the output is a {type(c).__name__} ({c.layout}), " \
                                "not a plain dense torch.Tensor", math.inf, math.inf
         if c.device != r.device:
-            return "rejected", f"[not-plain-tensor] {where}the output is on {c.device}, not {r.device}", math.inf, math.inf
+            return "rejected", f"[not-plain-tensor] {where}the output is on {c.device}, not {r.device}", \
+                math.inf, math.inf
         if c.numel() and c.untyped_storage().data_ptr() == 0:
             return "rejected", f"[not-plain-tensor] {where}the output has no storage", math.inf, math.inf
         if c.shape != r.shape:
@@ -290,7 +291,8 @@ def _repeat_disagrees(first, again, tolerance: float) -> str | None:
     magnitude (at least 4 epsilons of its dtype; integers exactly), else None."""
     for i, (a, b) in enumerate(zip(flatten_outputs(first), flatten_outputs(again))):
         where = f"output {i} " if i else ""
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
+        tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        if not tensors or (a.shape, a.dtype) != (b.shape, b.dtype):
             return f"{where}changed type, shape or dtype"
         if identical(a, b):
             continue
@@ -304,8 +306,9 @@ def _repeat_disagrees(first, again, tolerance: float) -> str | None:
         scale = float(a[finite].abs().max()) if finite.any() else 0.0
         worst = float((a - b).abs()[finite].max()) if finite.any() else 0.0
         if worst > bound * scale:
-            return (f"{where}differs from the first by up to {worst:.4g}, {worst / scale if scale else math.inf:.2g} of its largest "
-                    f"magnitude ({scale:.4g}; allowed: {bound:.2g} of it)")
+            share = worst / scale if scale else math.inf
+            return (f"{where}differs from the first by up to {worst:.4g}, {share:.2g} of its largest magnitude "
+                    f"({scale:.4g}; allowed: {bound:.2g} of it)")
     return None
 
 
@@ -431,8 +434,8 @@ def _run(payload: dict) -> dict:
     Defences, each named in the feedback when it fires: the candidate runs before the reference on its
     own clone of fresh inputs, into memory poisoned with NaN; its inputs must come back unchanged; it
     runs 1 + repeat_runs times on the first input set and must agree with itself far tighter than with the
-    reference; its own kernels must do the work (profiler); every timed output is checked too; the timer and the checks must still be the ones
-    this process started with."""
+    reference; its own kernels must do the work (profiler); every timed output is checked too; the timer and
+    the checks must still be the ones this process started with."""
     start = time.perf_counter()
     run = RunChild(payload)
     torch.manual_seed(payload["seed"])
@@ -531,7 +534,8 @@ WEIGHTS_DIFFER = (" With the reference's parameters copied into ModelNew, the sa
                   "(the same shape, the same init calls, in the same order), so that after the same seed they match.")
 
 
-def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s: float, rules: str = "kevin") -> dict:
+def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s: float,
+                   rules: str = "kevin") -> dict:
     """Turn what a build or run child sent back into an eval record with the text the model reads."""
     if outcome.get("timeout"):
         return make_result("timeout", f"Timeout: the kernel did not finish within {timeout_s:.0f} s "

@@ -571,8 +571,9 @@ def setup(args: argparse.Namespace) -> Run:
         ref_model.requires_grad_(False)
     backend = ColocatedVLLM(model_path, args.temperature, args.max_tokens, args.gpu_memory_utilization,
                             args.seed) if args.backend == "vllm" else None
-    eval_config = EvalConfig(device=args.eval_device, rules=args.rules, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
-                             compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False)
+    eval_config = EvalConfig(device=args.eval_device, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
+                             compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False,
+                             rules=args.rules)
     return Run(accelerator, model, optimizer, tokenizer,
                tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
                ref_model, backend, eval_config, accumulation, len(plan) if plan else args.steps, plan, tasks,

@@ -3,7 +3,8 @@
 
 The candidates are those of solutions/<device>/ and tests/adversarial/<device>/ (CUDA with a GPU, C++
 without), each file named after the status the paper's rules must give it. The table goes to stdout; --out
-also writes every row, with each profile's feedback, to a JSON file, which --render turns back into the table.
+also writes every row, with each profile's feedback (paths relative to the repository), to a JSON file,
+which --render turns back into the table.
 
     python bench/profiles.py --out results/profiles_h200.json
     python bench/profiles.py --render results/profiles_h200.json
@@ -56,7 +57,7 @@ def main():
     device = "CPU" if kind == "cpu" else torch.cuda.get_device_name(0)
     rows = [{"candidate": record["solution"],
              **{rules: {"verdict": verdict(results[rules][i]), "status": results[rules][i]["status"],
-                        "feedback": results[rules][i]["feedback"]} for rules in PROFILES}}
+                        "feedback": results[rules][i]["feedback"].replace(f"{ev.ROOT}/", "")} for rules in PROFILES}}
             for i, record in enumerate(records)]
     report = {"device": device, "rows": rows}
     print(render(report))
