@@ -289,11 +289,17 @@ def _compare(candidate, reference, tolerance: dict[str, list[float]]) -> tuple[s
 def _repeat_disagrees(first, again, tolerance: float) -> str | None:
     """How a repeated run on the same inputs differs from the first, if beyond `tolerance` of each output's largest
     magnitude (at least 4 epsilons of its dtype; integers exactly), else None."""
-    for i, (a, b) in enumerate(zip(flatten_outputs(first), flatten_outputs(again))):
+    firsts, agains = flatten_outputs(first), flatten_outputs(again)
+    if len(firsts) != len(agains):
+        return f"returned {len(agains)} outputs instead of {len(firsts)}"
+    for i, (a, b) in enumerate(zip(firsts, agains)):
         where = f"output {i} " if i else ""
-        tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-        if not tensors or (a.shape, a.dtype) != (b.shape, b.dtype):
-            return f"{where}changed type, shape or dtype"
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            if type(a) is not type(b):
+                return f"{where}changed type"
+            continue  # not a tensor: left to the comparison with the reference
+        if (a.shape, a.dtype) != (b.shape, b.dtype):
+            return f"{where}changed shape or dtype"
         if identical(a, b):
             continue
         if not a.is_floating_point():

@@ -191,6 +191,8 @@ def test_repeats_allow_atomic_jitter_and_catch_a_race_inside_the_tolerance():
     bf16 = first.bfloat16()
     assert ev._repeat_disagrees(bf16, bf16 * (1 + 2 ** -8), 1e-5) is None  # one bf16 ulp: 4 epsilons allowed
     assert "values that changed" in ev._repeat_disagrees(torch.arange(4), torch.tensor([0, 1, 2, 4]), 1e-5)
+    assert ev._repeat_disagrees((first, 3), (first.clone(), 3), 1e-5) is None  # a plain number is left to the reference
+    assert "returned 1 outputs instead of 2" in ev._repeat_disagrees((first, first), [first], 1e-5)
 
 
 def test_kernelbench_static_rules_allow_torch_but_not_fallbacks_threads_or_subclassing():
