@@ -42,6 +42,10 @@ def main():
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when a GPU is visible)")
     p.add_argument("--out", help="write the rows, with each profile's status, rule and feedback, to this JSON file")
     p.add_argument("--render", metavar="JSON", help="print the table of a file --out wrote, and nothing else")
+    p.add_argument("--timing-budget-s", type=float, default=2.0,
+                   help="evaluate.py's timing budget per candidate: the statuses, not the speedups, are the point")
+    p.add_argument("--run-timeout-s", type=float, default=30.0,
+                   help="evaluate.py's run timeout per candidate (the hanging ones wait this long, in each profile)")
     args = p.parse_args()
     if args.render:
         print(render(json.loads(Path(args.render).read_text())))
@@ -52,8 +56,9 @@ def main():
     records = [{**r, "solution": f"{folder}/{r['solution']}"} for folder in folders
                for r in ev.library_records(ev.ROOT / folder)]
     tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
-    results = {rules: ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks, rules=rules, run_timeout_s=60))
-               for rules in PROFILES}
+    results = {rules: ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks, rules=rules,
+                                                         timing_budget_s=args.timing_budget_s,
+                                                         run_timeout_s=args.run_timeout_s)) for rules in PROFILES}
     device = "CPU" if kind == "cpu" else torch.cuda.get_device_name(0)
     rows = [{"candidate": record["solution"],
              **{rules: {"verdict": verdict(results[rules][i]), "status": results[rules][i]["status"],

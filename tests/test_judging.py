@@ -16,6 +16,8 @@ import evaluate as ev
 import generate
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import profiles  # noqa: E402
 
 LINEAR_TASK = '''
 import torch
@@ -254,6 +256,14 @@ def test_a_bad_rules_flag_is_one_clear_line(tmp_path):
     done = run_cli(str(tmp_path / "in.jsonl"), "--rules", "loose")
     assert done.returncode != 0 and "error: rules (--rules) must be kevin or kernelbench, not 'loose'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_profile_table_names_each_profiles_status_and_rule():
+    kept = ev.make_result("rejected", ev.rejection("kevin", ["[torch-nn-layer] line 9: torch.nn.Linear"]))
+    verdicts = {"kevin": {"verdict": profiles.verdict(kept)},
+                "kernelbench": {"verdict": profiles.verdict(ev.make_result("correct", "ok"))}}
+    report = {"device": "CPU", "rows": [{"candidate": "tests/x.py", **verdicts}]}
+    assert profiles.render(report).splitlines()[-1] == "| tests/x.py | rejected [torch-nn-layer] | correct |"
 
 
 # --------------------------------------------------------------------------------------------------- GPU
