@@ -251,6 +251,13 @@ def test_generate_passes_its_rules_to_the_evaluator_and_the_prompt(tmp_path):
     assert generate.TORCH_RULE["kernelbench"] in backend.prompts[0][0]["content"]
 
 
+def test_train_and_generate_take_the_rules_flag_with_the_papers_as_default():
+    import train
+
+    assert train.parse_args([]).rules == generate.parse_args(["--out", "x"]).rules == ev.EvalConfig().rules == "kevin"
+    assert train.parse_args(["--rules", "kernelbench"]).rules == "kernelbench"
+
+
 def test_a_bad_rules_flag_is_one_clear_line(tmp_path):
     (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
     done = run_cli(str(tmp_path / "in.jsonl"), "--rules", "loose")
