@@ -82,8 +82,10 @@ class ProcessSettings:
                 if isinstance(value, (bool, int, float, str)):
                     self.getters[f"torch._C.{name}"] = getter
         self.getters.update({
-            "torch.get_num_threads": torch.get_num_threads, "torch.get_num_interop_threads": torch.get_num_interop_threads,
-            "torch.is_grad_enabled": torch.is_grad_enabled, "torch.is_inference_mode_enabled": torch.is_inference_mode_enabled,
+            "torch.get_num_threads": torch.get_num_threads,
+            "torch.get_num_interop_threads": torch.get_num_interop_threads,
+            "torch.is_grad_enabled": torch.is_grad_enabled,
+            "torch.is_inference_mode_enabled": torch.is_inference_mode_enabled,
             "torch.is_anomaly_enabled": torch.is_anomaly_enabled, "torch.get_default_dtype": torch.get_default_dtype,
             "flush-to-zero of denormals": lambda: float(torch.full((1,), 1e-40).mul(1.0)) == 0.0})
         self.noted = self.now()

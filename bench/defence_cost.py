@@ -65,7 +65,8 @@ def main():
     same = sum(a["status"] == b["status"] for a, b in zip(passes["with"]["results"], passes["without"]["results"]))
     print(f"same statuses: {same}/{len(records)}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": kind, "tree": os.path.relpath(TREE, CANDIDATES), "candidates": [r["solution"] for r in records],
+        Path(args.out).write_text(json.dumps({"device": kind, "tree": os.path.relpath(TREE, CANDIDATES),
+                                              "candidates": [r["solution"] for r in records],
                                               **{name: {"wall_s": run["wall_s"], "results": run["results"]}
                                                  for name, run in passes.items()}}, indent=1))
 

@@ -50,7 +50,8 @@ def main():
     print(f"\nlargest spread: {worst:.1%} ({'within' if worst < args.max_spread else 'OVER'} "
           f"{args.max_spread:.0%}) over {len(records)} kernels")
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": kind, "tree": os.path.relpath(TREE, CANDIDATES), "kernels": rows, "largest_spread": worst}, indent=1))
+        Path(args.out).write_text(json.dumps({"device": kind, "tree": os.path.relpath(TREE, CANDIDATES), "kernels": rows,
+                                              "largest_spread": worst}, indent=1))
 
 
 if __name__ == "__main__":

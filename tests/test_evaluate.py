@@ -521,7 +521,8 @@ def cuda_adversarial_results():
     """The CUDA tricks and their honest twins; a task that tasks/ lacks (a transpose, whose whole work a copy
     can do) is in tests/adversarial/tasks/."""
     index = ev.load_tasks(ROOT / "tasks")
-    records = [r if r["task"] in index else {**r, "task": str(ROOT / "tests" / "adversarial" / "tasks" / f"{r['task']}.py")}
+    elsewhere = ROOT / "tests" / "adversarial" / "tasks"
+    records = [r if r["task"] in index else {**r, "task": str(elsewhere / f"{r['task']}.py")}
                for r in ev.library_records(ROOT / "tests" / "adversarial" / "cuda")]
     return kept("adversarial_cuda", records,
                 ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=60, progress=False)))
