@@ -70,8 +70,8 @@ from eval_children import child_settings, first_lines, last_frames, sandbox_mech
 from eval_records import already_written, library_records, read_records
 from isolation import (finish_child, hidden_from_children, run_in_child, start_child, stop_child_later,
                        stop_every_child)
-from run_child import (RunChild, TamperCheck, changed, clone, flatten_outputs, identical, import_file, make_timer,
-                       own_kernel_share)
+from run_child import (NEUTRAL_KERNEL, KernelLog, ProcessSettings, RunChild, TamperCheck, busy_ms, changed, clone,
+                       flatten_outputs, identical, import_file, is_own_kernel, make_timer)
 from static_rules import (FENCE, RULES, extract_code, kernel_names, rejection,  # noqa: F401 (FENCE: generate.py's)
                           static_check)
 
@@ -133,6 +133,13 @@ class EvalConfig:
     says which, 'strict' refuses to run without all of it, 'off' runs candidates with the user's full rights"""
     progress: bool = True
     """a tqdm progress bar on stderr (--no-progress: none)"""
+    max_copy_share: float = 0.1
+    """share of the candidate's GPU time that copies and fills may take as neutral work (an output zeroed for
+    atomics, a .contiguous()); beyond it they count as library work in the own-kernel share"""
+    max_reference_slowdown: float = 1.3
+    """how much slower (fastest call against fastest call, plus 5 µs) the reference may run in the candidate's
+    process than in a clean one that never imports candidate code, timed once per task and device; beyond
+    it the candidate slowed the reference and is rejected"""
     rules: str = "kevin"
     """which rules judge: 'kevin' (the paper's: no torch.nn layers, torch.nn.functional or torch compute ops; your
     own kernels do --min-own-kernel-share of the GPU work) or 'kernelbench' (KernelBench's: PyTorch ops and torch.nn
@@ -169,6 +176,8 @@ class EvalConfig:
                  ("compile_timeout_s", "more than 0", self.compile_timeout_s > 0),
                  ("run_timeout_s", "more than 0", self.run_timeout_s > 0),
                  ("sandbox", "off, auto or strict", self.sandbox in ("off", "auto", "strict")),
+                 ("max_copy_share", "between 0 and 1", 0 <= self.max_copy_share <= 1),
+                 ("max_reference_slowdown", "at least 1", self.max_reference_slowdown >= 1),
                  ("rules", "kevin or kernelbench", self.rules in RULES),
                  ("repeat_runs", "at least 1", self.repeat_runs >= 1),
                  ("repeat_tolerance", "at least 0", self.repeat_tolerance >= 0)]
@@ -337,7 +346,7 @@ def check_correctness(run: RunChild, model, reference) -> tuple[dict | None, flo
                     worst, worst_rel
             repeats = payload["repeat_runs"] if trial == 0 and defend else 0
             for repeat in range(1, repeats + 1):
-                again = run.run_candidate(model, inputs, busy_ms=first_ms if repeat == repeats else 0.0)[0]
+                again = run.run_candidate(model, inputs, beside_ms=first_ms if repeat == repeats else 0.0)[0]
                 if why := _repeat_disagrees(out, again, payload["repeat_tolerance"]):
                     return run.rejected(f"[nondeterministic] run {repeat + 1} on the same inputs {why}: a race (a "
                                         "missing __syncthreads()?) or memory read before it is written"), \
@@ -346,6 +355,8 @@ def check_correctness(run: RunChild, model, reference) -> tuple[dict | None, flo
         except Exception as e:
             return {"stage": "candidate", "error": f"{type(e).__name__}: {e}",
                     "traceback": traceback.format_exc()}, worst, worst_rel
+        if why := run.reference_conditions_changed():
+            return run.rejected(why), worst, worst_rel
         ref_args = clone(inputs) if defend else inputs
         expected = reference(*ref_args)
         run.sync()
@@ -390,71 +401,137 @@ def passes_with_reference_parameters(run: RunChild, model, reference, trial: int
     return _compare(out, reference(*clone(inputs)), run.payload["tolerance"])[0] is None
 
 
-def check_own_kernel_share(run: RunChild, model, inputs: list, reference_seen) -> tuple[dict | None, float | None]:
-    """(the rejection or None, the measured share): the candidate's own kernels must do at least
-    `min_own_kernel_share` of its GPU work, and some kernel must run where one runs for the reference."""
-    measured = own_kernel_share(model, run.fresh(inputs), run.payload["kernel_names"])
-    if measured is None:
-        if reference_seen is not None:
+def check_own_kernel_share(run: RunChild, windows: dict) -> tuple[dict | None, float | None]:
+    """(the rejection or None, the measured share) over every timed call of the candidate, warm-ups included:
+    its own kernels must do at least `min_own_kernel_share` of its GPU time, and some kernel must run where
+    one runs for the reference. Copies and fills compute nothing as a rule, but a transpose or a cast is work
+    a copy does: beyond `max_copy_share` of the candidate's GPU time they count as library work."""
+    payload = run.payload
+    own = library = copies = 0.0
+    others: dict[str, float] = {}
+    for label, kernels in windows.items():
+        for name, start, end in kernels if label.startswith("candidate/") else ():
+            us = end - start
+            if NEUTRAL_KERNEL.search(name):
+                copies += us
+            elif is_own_kernel(name, payload["kernel_names"]):
+                own += us
+            else:
+                library += us
+                others[name[:60]] = others.get(name[:60], 0.0) + us
+    excess = max(0.0, copies - payload["max_copy_share"] * (own + library + copies))
+    if excess:
+        others["copies and fills"] = excess
+    if own + library + excess == 0:
+        reference_ran = any(kernels for label, kernels in windows.items() if label.startswith("reference/"))
+        if reference_ran:
             return run.rejected("[own-kernels-idle] no GPU kernel ran during the candidate's forward"), None
         return None, None
-    share, others = measured
-    if share < run.payload["min_own_kernel_share"]:
+    share = own / (own + library + excess)
+    if share < payload["min_own_kernel_share"]:
+        top = sorted(others, key=others.get, reverse=True)[:3]
         return run.rejected(f"[own-kernels-idle] your own kernels did {share:.0%} of the GPU work; the rest "
-                            f"ran in library kernels ({'; '.join(others)})"), share
+                            f"ran in library kernels ({'; '.join(top)})"), share
     return None, share
 
 
+def check_clocks(run: RunChild, calls: dict, windows: dict) -> dict | None:
+    """The rejection, if the three clocks disagree on any model's timed calls (medians): CUDA events cannot
+    take longer than the host's wall clock around them (5% + 20 µs of slack), must cover at least half of
+    it less 50 µs (the host's own overhead around a call is some µs), and cannot be shorter than the time the
+    profiler saw kernels running in the call (10% + 10 µs of slack). Faking one clock, the others disagree."""
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    for name, rows in calls.items():
+        events, wall = median([r[1] for r in rows]), median([r[2] for r in rows])
+        kernels = median([busy_ms(windows.get(r[0], [])) for r in rows]) if windows else 0.0
+        if events > 1.05 * wall + 0.02 or events < 0.5 * wall - 0.05 or events < 0.9 * kernels - 0.01:
+            return run.rejected(f"[clock-mismatch] the {name}'s timed calls take {events:.4g} ms by CUDA events, "
+                                f"{wall:.4g} ms by the host's clock and {kernels:.4g} ms of kernels by the profiler")
+    return None
 
-def time_models(run: RunChild, models: dict, timing_inputs: list) -> tuple[dict | None, dict[str, list[float]]]:
-    """(the rejection or None, each model's timed runs in ms): warm-up, then the models alternately on the
-    same fresh inputs, so that clock drift hits them alike; random timed outputs are checked again."""
-    payload, defend = run.payload, run.defend
-    timed = make_timer(run)
-    samples = {name: [] for name in models}
-    spot_check = random.Random(os.urandom(8))  # which timed outputs get checked: unknowable in advance
-    for i in range(payload["warmup"]):
-        for fn in models.values():
-            timed(fn, run.fresh(timing_inputs[i % 2]))
-    deadline = time.perf_counter() + payload["timing_budget_s"]
-    for trial in range(payload["timing_trials"]):
-        args = run.fresh(timing_inputs[trial % 2])
+
+def time_models(run: RunChild, models: dict) -> tuple[dict | None, dict[str, list[tuple[str, float, float]]]]:
+    """(the rejection or None, each model's timed calls as (label, events ms, wall ms)): warm-up, then the
+    models in a random order each trial on an independent draw of inputs (what one call returned says
+    nothing of the next), so that clock drift hits them alike; random timed outputs are compared with the
+    reference's on the same inputs. Every call of the candidate looks the same to it: the same draw for
+    both models, the same memory, the same profiler."""
+    payload, defend, timed = run.payload, run.defend, run.timer
+    calls = {name: [] for name in models}
+    unknowable = random.Random(os.urandom(8))  # draws, orders and spot checks: nothing to learn in advance
+    draws = unknowable.randrange(2**31)
+    deadline = None
+    for trial in range(-payload["warmup"], payload["timing_trials"]):
+        if trial == 0:
+            deadline = time.perf_counter() + payload["timing_budget_s"]
+        if defend or trial == -payload["warmup"]:
+            inputs = run.make_inputs(draws + trial)
+        order = unknowable.sample(list(models), len(models)) if defend else list(models)
         outputs = {}
-        for name, fn in models.items():  # alternate, so that clock drift hits both alike
-            ms, outputs[name] = timed(fn, clone(args) if defend else args)
-            samples[name].append(ms)
-        checked = defend and (trial in (0, payload["timing_trials"] - 1) or spot_check.random() < 0.25)
+        for name in order:
+            if name == "reference" and (why := run.reference_conditions_changed()):
+                return run.rejected(why), calls
+            label = f"{name}/{trial}"
+            events, wall, outputs[name] = timed(models[name], clone(inputs) if defend else inputs, label)
+            if trial >= 0:
+                calls[name].append((label, events, wall))
+        checked = defend and "candidate" in models and (
+            trial in (0, payload["timing_trials"] - 1) or unknowable.random() < 0.25)
         if checked and _compare(outputs["candidate"], outputs["reference"], payload["tolerance"])[0]:
             return run.rejected(f"[changed-during-timing] timed run {trial + 1} returned a wrong result "
-                                "after the correctness trials had passed"), samples
+                                "after the correctness trials had passed"), calls
         del outputs
         if trial + 1 >= 10 and time.perf_counter() > deadline:
             break
-    return None, samples
+    return None, calls
+
+
+def _prepare(payload: dict) -> tuple[RunChild, torch.nn.Module]:
+    """A run child's state and the reference, and, before any candidate code: the timer, the kernel log
+    (profiling on from here, so that torch's first profile, which loads torch._dynamo and wraps
+    torch.manual_seed, predates the tamper snapshot) and the process-wide settings."""
+    run = RunChild(payload)
+    torch.manual_seed(payload["seed"])
+    reference = run.task.Model(*run.init_inputs).to(run.device).eval()
+    if run.cuda and run.defend:
+        run.kernel_log = KernelLog()
+    run.timer = make_timer(run)
+    with torch.no_grad():  # noted as the reference will run: without autograd
+        run.settings = ProcessSettings() if run.defend else None
+    return run, reference
+
+
+def _reference_alone(payload: dict) -> dict:
+    """The reference timed as in a candidate's child, in one that never imports candidate code: what the
+    reference takes when nothing has slowed it (`slowed_reference`)."""
+    run, reference = _prepare(payload)
+    with torch.no_grad():
+        _, calls = time_models(run, {"reference": reference})
+    if run.kernel_log:
+        run.kernel_log.stop(set())
+    return {"reference_min_ms": min(events for _, events, _ in calls["reference"])}
 
 
 def _run(payload: dict) -> dict:
-    """The run child's job: build both models, check the candidate on fresh inputs, profile it, then time
-    both alternately.
+    """The run child's job: build both models, check the candidate on fresh inputs, then time both
+    alternately with every call's kernels logged (or, with `reference_alone`, time the reference only).
 
     Defences, each named in the feedback when it fires: the candidate runs before the reference on its
     own clone of fresh inputs, into memory poisoned with NaN; its inputs must come back unchanged; it
     runs 1 + repeat_runs times on the first input set and must agree with itself far tighter than with the
-    reference; its own kernels must do the work (profiler); every timed output is checked too; the timer and
-    the checks must still be the ones this process started with."""
+    reference; the reference runs under the settings
+    noted before the candidate was imported; its own kernels must do the work on the very calls that are
+    timed (profiler); random timed outputs are checked too; three clocks must agree; the timer and the
+    checks must still be the ones this process started with."""
+    if payload.get("reference_alone"):
+        return _reference_alone(payload)
     start = time.perf_counter()
-    run = RunChild(payload)
-    torch.manual_seed(payload["seed"])
-    reference = run.task.Model(*run.init_inputs).to(run.device).eval()
+    run, reference = _prepare(payload)
     compiled = None
     if payload["compile_baseline"]:  # compiled now: the threads and patches of torch.compile predate the snapshot
         compiled = torch.compile(reference)
         with torch.no_grad():
             compiled(*run.make_inputs(payload["seed"]))
-    profiling = run.cuda and run.defend and payload["min_own_kernel_share"] > 0
-    if profiling:  # before the snapshot: torch's first profile loads torch._dynamo, which wraps torch.manual_seed
-        with torch.no_grad():
-            reference_seen = own_kernel_share(reference, run.make_inputs(payload["seed"] + 1000), [])
     tamper = TamperCheck(payload, sys.modules[__name__])
 
     candidate = import_file(payload["candidate"], "candidate")
@@ -478,30 +555,33 @@ def _run(payload: dict) -> dict:
     if broken := tamper.broken():
         return run.rejected(broken)
 
-    timing_inputs = [run.make_inputs(payload["seed"] + 1000 + i) for i in range(2)]
-    share = None
-    if profiling:
-        start = time.perf_counter()
-        with torch.no_grad():
-            failed, share = check_own_kernel_share(run, model, timing_inputs[0], reference_seen)
-        run.times["profile"] = time.perf_counter() - start
-        if failed:
-            return failed
-
     start, cpu_start = time.perf_counter(), time.process_time()
     models = {"candidate": model, "reference": reference, **({"compiled": compiled} if compiled is not None else {})}
     with torch.no_grad():
-        failed, samples = time_models(run, models, timing_inputs)
+        failed, calls = time_models(run, models)
     if failed:
         return failed
     run.times["timing"] = time.perf_counter() - start
     cpu_share = None if run.cuda else (time.process_time() - cpu_start) / run.times["timing"]
+    start = time.perf_counter()
+    labels = {f"{name}/{trial}" for name in models for trial in range(-payload["warmup"], payload["timing_trials"])}
+    windows = run.kernel_log.stop(labels) if run.kernel_log else {}
+    run.times["profile"] = time.perf_counter() - start
     if broken := tamper.broken():
         return run.rejected(broken)
-    medians = {name: sorted(s)[len(s) // 2] for name, s in samples.items()}
-    return {"medians": medians, "trials": len(samples["candidate"]), "max_abs_diff": worst,
+    share = None
+    if run.defend:
+        if run.cuda and (failed := check_clocks(run, calls, windows)):
+            return failed
+        if run.cuda and payload["min_own_kernel_share"] > 0:
+            failed, share = check_own_kernel_share(run, windows)
+            if failed:
+                return failed
+    medians = {name: sorted(events for _, events, _ in rows)[len(rows) // 2] for name, rows in calls.items()}
+    return {"medians": medians, "trials": len(calls["candidate"]), "max_abs_diff": worst,
             "max_rel_diff": worst_rel, "times": run.times,
-            "own_kernel_share": share, "cpu_share": cpu_share}
+            "own_kernel_share": share, "cpu_share": cpu_share,
+            "reference_min_ms": min(events for _, events, _ in calls["reference"])}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -525,6 +605,20 @@ def speedup(reference_ms: float, candidate_ms: float) -> float:
     if not (math.isfinite(reference_ms) and math.isfinite(candidate_ms)):
         return 0.0
     return max(reference_ms, TIMER_RESOLUTION_MS) / max(candidate_ms, TIMER_RESOLUTION_MS)
+
+
+def slowed_reference(outcome: dict, clean_ms: float | None, max_slowdown: float) -> str | None:
+    """Why a correct candidate's reference time cannot stand, if it cannot: its fastest call in the candidate's
+    process is slower than in a clean process beyond `max_slowdown` (and 5 µs). Fastest against fastest,
+    since other work on the machine only ever adds time. The parent compares with a time it measured
+    itself, so a made-up answer of the child cannot claim a slow reference either."""
+    child_ms = outcome.get("reference_min_ms")
+    if "medians" not in outcome or clean_ms is None:
+        return None
+    if not isinstance(child_ms, (int, float)) or child_ms > clean_ms * max_slowdown + 5e-3:
+        return (f"[slowed-reference] the reference took {child_ms} ms (fastest call) beside the candidate and "
+                f"{clean_ms:.4g} ms in a process of its own: the candidate slowed it down")
+    return None
 
 
 def make_result(status: str, feedback: str, **fields) -> dict:
@@ -635,8 +729,8 @@ def _run_payload(cfg: EvalConfig, task_path: str, candidate: str, kernels: list[
             "warmup": cfg.warmup, "compile_baseline": cfg.compile_baseline,
             "min_own_kernel_share": own_kernel_share_needed(cfg), "poison_bytes": cfg.poison_bytes,
             "defences": cfg.defences, "cpu_threads": cfg.cpu_threads, "kernel_names": kernels,
-            "repeat_runs": cfg.repeat_runs, "repeat_tolerance": cfg.repeat_tolerance,
-            "copy_parameters": cfg.copy_parameters}
+            "max_copy_share": cfg.max_copy_share, "repeat_runs": cfg.repeat_runs,
+            "repeat_tolerance": cfg.repeat_tolerance, "copy_parameters": cfg.copy_parameters}
 
 
 def _build_failure(outcome: dict, candidate: str, build_root: str, timeout_s: float, seconds: float,
@@ -654,6 +748,9 @@ def _build_failure(outcome: dict, candidate: str, build_root: str, timeout_s: fl
                   last_frames(outcome.get("traceback", ""), candidate)
     return make_result("compile_error", message.strip(), time_s={"compile": round(seconds, 3)},
                        cpu_s={"compile": round(outcome.get("cpu_s", 0.0), 3)})
+
+
+_CLEAN_REFERENCE_MS: dict[str, float | None] = {}  # clean_reference_ms's, kept across evaluate() calls
 
 
 class _Evaluation:
@@ -807,6 +904,16 @@ class _Evaluation:
         self.finish(indices, _build_failure(outcome, candidate, self.build_root, self.cfg.compile_timeout_s,
                                             time.perf_counter() - started, self.cfg.rules), started)
 
+    def clean_reference_ms(self, payload: dict, log: str) -> float | None:
+        """The reference's fastest timed call in a child that never imports candidate code, measured once
+        per task, device and timing settings in this process (None where it could not be timed)."""
+        key = json.dumps({k: v for k, v in payload.items() if k not in ("candidate", "kernel_names")}, sort_keys=True)
+        if key not in _CLEAN_REFERENCE_MS:
+            outcome = finish_child(start_child(_run, self.settings["run"], log, payload["device"]),
+                                   {**payload, "reference_alone": True}, self.cfg.run_timeout_s)
+            _CLEAN_REFERENCE_MS[key] = _number(outcome.get("reference_min_ms")) or None
+        return _CLEAN_REFERENCE_MS[key]
+
     def feed_device(self, device: str, workdir: str, candidates: int) -> None:
         """Run built candidates on one device until the queue says stop. Each gets a fresh child, set up
         ahead (no more spares than candidates left to run); the oldest spare has had the longest to get ready."""
@@ -821,9 +928,12 @@ class _Evaluation:
                 child = start_child(_run, self.settings["run"], next(logs), device)
             if len(spares) < min(self.cfg.spare_children, left):
                 spares.append(start_child(_run, self.settings["run"], next(logs), device))
+            payload = _run_payload(self.cfg, task_path, candidate, kernels, device)
+            clean_ms = self.clean_reference_ms(payload, next(logs)) if self.cfg.defences else None
             run_started, sent_at = time.perf_counter(), time.time()
-            outcome = finish_child(child, _run_payload(self.cfg, task_path, candidate, kernels, device),
-                                   self.cfg.run_timeout_s, serve=self.cache.request)
+            outcome = finish_child(child, payload, self.cfg.run_timeout_s, serve=self.cache.request)
+            if why := slowed_reference(outcome, clean_ms, self.cfg.max_reference_slowdown):
+                outcome = {"rejected": why, "times": outcome.get("times", {})}
             try:
                 result = build_feedback(outcome, build_root=self.build_root, candidate_path=candidate,
                                         timeout_s=self.cfg.run_timeout_s, rules=self.cfg.rules)

@@ -1,14 +1,18 @@
 """What the checks stand on inside a run child: its state, the timer, the profiler and the tamper check.
 
 evaluate.py's checks (correctness, the own-kernel share, timing) say what a candidate must do; this is how
-they look: inputs made on the device, memory poisoned with NaN, outputs probed before a synchronize, fresh
-inputs each trial, the timer (CUDA events after a device-wide synchronize, L2 flushed; the wall clock on
-the CPU), the share of GPU time in the candidate's own kernels, and the identities of everything the checks
-call, so that a candidate that replaces one is caught.
+they look: inputs made on the device, memory poisoned with NaN, outputs probed before a synchronize, an
+independent draw of inputs for every timed call, the timer (CUDA events after a device-wide synchronize, L2
+flushed, with the host's wall clock around them; the wall clock alone on the CPU), the kernel log (torch's
+profiler on from before the candidate is imported to the last timed call, so that every call looks alike
+to it), the process-wide settings the reference runs under, and the identities of everything the checks
+call, C-level types' methods included, so that a candidate that replaces one is caught.
 """
 from __future__ import annotations
 
+import bisect
 import builtins
+import contextlib
 import importlib.util
 import json
 import re
@@ -40,13 +44,62 @@ def identical(a, b) -> bool:
 
 def trusted_objects(judge) -> dict:
     """Everything the check and the timing call, by identity: a candidate that replaces one is rejected.
-    Every method of torch.Tensor, every builtin, torch's and torch.cuda's functions, this module's own and
-    RunChild's, and those of `judge`, the module whose checks call them."""
-    owners = {"torch": torch, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
-              "torch.Tensor": torch.Tensor, "builtins": builtins, "time": time, "run_child": sys.modules[__name__],
-              "run_child.RunChild": RunChild, "evaluate": judge}
+    Every method of torch.Tensor, every builtin, torch's and torch.cuda's functions, torch._C's functions and
+    the methods and descriptors of its C-level types (TensorBase, _CudaEventBase, whose elapsed_time
+    torch.cuda.Event calls, ...) and of torch.cuda's classes, which native code can replace without touching
+    a Python-level object, this module's own and RunChild's, and those of `judge`, the module whose checks
+    call them."""
+    owners = {"torch": torch, "torch.cuda": torch.cuda, "torch.Tensor": torch.Tensor, "torch._C": torch._C,
+              "builtins": builtins, "time": time, "run_child": sys.modules[__name__], "run_child.RunChild": RunChild,
+              "evaluate": judge}
+    for label, module in (("torch._C", torch._C), ("torch.cuda", torch.cuda)):
+        owners.update({f"{label}.{name}": t for name, t in vars(module).items() if isinstance(t, type)})
     return {f"{label}.{name}": value for label, owner in owners.items() for name, value in vars(owner).items()
-            if callable(value)}
+            if callable(value) or hasattr(type(value), "__get__")}
+
+
+# What the timer reads the time from: a candidate that replaces one of these has faked the clock.
+CLOCKS = re.compile(r"^(time\.|torch\._C\._CudaEventBase\.|torch\.cuda\.Event\.)|synchronize|elapsed_time")
+
+
+class ProcessSettings:
+    """Every process-wide setting that changes how fast, or how exactly, PyTorch runs the reference, noted
+    before the candidate is imported: each zero-argument getter of torch._C (cuDNN, TF32, cuBLAS reduced
+    precision, matmul precision, deterministic modes, SDPA kernels, mkldnn, nnpack, autocast, the
+    torch-function and dispatch mode stacks, ...), torch's thread counts, grad, inference and anomaly modes,
+    the default dtype, and flush-to-zero of denormals (which has no getter: a denormal times one tells)."""
+
+    GETTERS = ("_get_", "_is_", "_len_")
+
+    def __init__(self):
+        self.getters = {}
+        for name, getter in vars(torch._C).items():
+            if name.startswith(self.GETTERS) and callable(getter):
+                try:  # a getter that needs arguments, or a backend this build lacks, is no setting of this run
+                    value = getter()
+                except Exception:  # noqa: BLE001
+                    continue
+                if isinstance(value, (bool, int, float, str)):
+                    self.getters[f"torch._C.{name}"] = getter
+        self.getters.update({
+            "torch.get_num_threads": torch.get_num_threads,
+            "torch.get_num_interop_threads": torch.get_num_interop_threads,
+            "torch.is_grad_enabled": torch.is_grad_enabled,
+            "torch.is_inference_mode_enabled": torch.is_inference_mode_enabled,
+            "torch.is_anomaly_enabled": torch.is_anomaly_enabled, "torch.get_default_dtype": torch.get_default_dtype,
+            "flush-to-zero of denormals": lambda: float(torch.full((1,), 1e-40).mul(1.0)) == 0.0})
+        self.noted = self.now()
+
+    def now(self) -> dict:
+        return {name: getter() for name, getter in self.getters.items()}
+
+    def changed(self) -> str | None:
+        """The first setting that is no longer what it was, in words; None if none is."""
+        now = self.now()
+        for name, value in self.noted.items():
+            if now[name] != value:
+                return f"{name} ({value!r} -> {now[name]!r})"
+        return None
 
 
 # Namespaces of library kernels (ATen, CUB, CUTLASS, ...): a candidate's kernel named like one of those
@@ -63,29 +116,48 @@ def is_own_kernel(event_name: str, names: list[str]) -> bool:
     return base in names and not LIBRARY_NAMESPACES.intersection(namespaces)
 
 
-def own_kernel_share(model, args: list, names: list[str]) -> tuple[float, list[str]] | None:
-    """Share of the GPU time of one call spent in the candidate's own kernels, and the top other kernels;
-    None where the profiler sees no computing kernel at all."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+class KernelLog:
+    """Every GPU kernel of a run child, from before the candidate is imported to its last timed call, under
+    torch's profiler (CUPTI), and the windows of the timed calls (a labelled range around each). Being on
+    all along, the profiler is the same for every call: a candidate cannot tell a profiled call from a
+    timed one, nor from a checked one."""
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        model(*args)
-        torch.cuda.synchronize()
-    own = total = 0.0
-    others: dict[str, float] = {}
-    for event in prof.events():
-        if event.device_type != DeviceType.CUDA or NEUTRAL_KERNEL.search(event.name):
-            continue
-        us = event.time_range.elapsed_us()
-        total += us
-        if is_own_kernel(event.name, names):
-            own += us
-        else:
-            others[event.name[:60]] = others.get(event.name[:60], 0.0) + us
-    if total == 0:
-        return None
-    return own / total, sorted(others, key=others.get, reverse=True)[:3]
+    def __init__(self):
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        self.profile = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self.window = record_function
+        self.profile.__enter__()
+
+    def stop(self, labels: set[str]) -> dict[str, list[tuple[str, float]]]:
+        """label -> the (name, start µs, end µs) of each GPU kernel, copy and fill that started in its window."""
+        from torch.autograd import DeviceType
+
+        self.profile.__exit__(None, None, None)
+        windows, kernels = [], []
+        for event in self.profile.events():
+            if event.device_type == DeviceType.CPU and event.name in labels:
+                windows.append((event.time_range.start, event.time_range.end, event.name))
+            elif event.device_type == DeviceType.CUDA and event.name not in labels and not getattr(
+                    event, "is_user_annotation", False):
+                kernels.append((event.name, event.time_range.start, event.time_range.end))
+        windows.sort()
+        starts = [w[0] for w in windows]
+        found = {label: [] for _, _, label in windows}
+        for name, start, end in kernels:
+            i = bisect.bisect_right(starts, start) - 1
+            if i >= 0 and start <= windows[i][1]:
+                found[windows[i][2]].append((name, start, end))
+        return found
+
+
+def busy_ms(kernels: list[tuple[str, float, float]]) -> float:
+    """How long some kernel was running, in ms: the union of their intervals (kernels on streams overlap)."""
+    busy, reach = 0.0, -float("inf")
+    for _, start, end in sorted(kernels, key=lambda k: k[1]):
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return busy / 1e3
 
 
 def clone(inputs: list) -> list:
@@ -144,6 +216,10 @@ class RunChild:
         self.task = import_file(payload["task"], "reference_task")
         torch.manual_seed(payload["seed"])
         self.init_inputs = self.task.get_init_inputs()
+        # Made now, before any candidate: its 256 MB are there for every call alike, checked or timed.
+        self.flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=self.device) if self.cuda else None
+        self.settings: ProcessSettings | None = None  # noted right before the candidate is imported
+        self.kernel_log: KernelLog | None = None
 
     def rejected(self, rule_and_why: str) -> dict:
         return {"rejected": rule_and_why, "times": self.times}
@@ -166,13 +242,13 @@ class RunChild:
             free = torch.cuda.mem_get_info(self.device)[0]
             torch.empty(min(free // 2, self.payload["poison_bytes"]) // 4, device=self.device).fill_(float("nan"))
 
-    def run_candidate(self, model, inputs: list, busy_ms: float = 0.0):
+    def run_candidate(self, model, inputs: list, beside_ms: float = 0.0):
         """The candidate's output, its (possibly modified) arguments, and whether the output was still
-        being written by work not ordered before the current stream when forward returned; with `busy_ms`,
+        being written by work not ordered before the current stream when forward returned; with `beside_ms`,
         beside about that long of other work on the GPU (`busy_side_stream`)."""
         self.poison()
         args = clone(inputs) if self.defend else inputs
-        busy = busy_side_stream(self.device, busy_ms) if self.cuda and busy_ms else None
+        busy = busy_side_stream(self.device, beside_ms) if self.cuda and beside_ms else None
         out = model(*args)
         if not self.defend:
             self.sync()
@@ -183,12 +259,12 @@ class RunChild:
         unsynchronized = any(not identical(a, b) for a, b in zip(early, probe(out)))
         return out, args, unsynchronized
 
-    def fresh(self, inputs: list) -> list:
-        """A new buffer with slightly new values every trial: nothing can be cached by pointer or content."""
-        if not self.defend:
-            return inputs
-        return [x * (1 + 1e-3 * (torch.rand_like(x) - 0.5)) if isinstance(x, torch.Tensor) and x.is_floating_point()
-                else x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    def reference_conditions_changed(self) -> str | None:
+        """Why the reference would not run as it does in a clean process, if it would not: a process-wide
+        setting (`ProcessSettings`) changed since the candidate was imported."""
+        if self.settings is None or not (changed := self.settings.changed()):
+            return None
+        return f"[slowed-reference] the candidate changed a process-wide setting the reference runs under: {changed}"
 
 
 class TamperCheck:
@@ -207,6 +283,8 @@ class TamperCheck:
             return None
         now = trusted_objects(self.judge)
         changed = [name for name, obj in self.trusted.items() if now.get(name) is not obj]
+        if clocks := [name for name in changed if CLOCKS.search(name)]:
+            return f"[clock-mismatch] the candidate replaced the timer's clock: {', '.join(clocks[:3])}"
         if changed or json.dumps(self.payload, sort_keys=True) != self.settings:
             return f"[patched-checker] the candidate replaced {', '.join(changed[:3]) or 'the settings'}"
         if threading.active_count() > self.threads:
@@ -217,23 +295,32 @@ class TamperCheck:
 
 
 def make_timer(run: RunChild):
-    """fn(*args) timed in ms: CUDA events around it, closed after a device-wide synchronize (work left on side
-    streams counts) with L2 flushed first; on the CPU, the wall clock."""
+    """timed(fn, args, label) -> (CUDA events' ms, the host's wall-clock ms, output): events around the call,
+    closed after a device-wide synchronize (work left on side streams counts), L2 flushed first, the host's
+    clock around the events and the kernel log's window, named `label`, around both, so that three clocks
+    see each call; on the CPU the wall clock alone (reported twice)."""
+    perf_counter = time.perf_counter
     if not run.cuda:
-        def timed(fn, args: list) -> tuple[float, object]:
-            begin = time.perf_counter()
+        def timed(fn, args: list, label: str) -> tuple[float, float, object]:
+            begin = perf_counter()
             out = fn(*args)
-            return (time.perf_counter() - begin) * 1e3, out
+            ms = (perf_counter() - begin) * 1e3
+            return ms, ms, out
         return timed
-    flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=run.device)
+    window = run.kernel_log.window if run.kernel_log else lambda label: contextlib.nullcontext()
+    Event, synchronize = torch.cuda.Event, torch.cuda.synchronize
 
-    def timed(fn, args: list) -> tuple[float, object]:
-        flush.zero_()  # evict the inputs and last results from L2
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        out = fn(*args)
-        torch.cuda.synchronize()  # device-wide: work left on side streams is counted
-        end.record()
-        end.synchronize()
-        return begin.elapsed_time(end), out
+    def timed(fn, args: list, label: str) -> tuple[float, float, object]:
+        run.flush.zero_()  # evict the inputs and last results from L2
+        synchronize()  # the flush done before the clocks start: no window, wall clock or share may see it
+        begin, end = Event(enable_timing=True), Event(enable_timing=True)
+        with window(label):
+            wall = perf_counter()
+            begin.record()
+            out = fn(*args)
+            synchronize()  # device-wide: work left on side streams is counted
+            end.record()
+            end.synchronize()
+            wall = perf_counter() - wall
+        return begin.elapsed_time(end), wall * 1e3, out
     return timed

@@ -11,12 +11,16 @@ of each — and the totals.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# --tree DIR: evaluate with another checkout's evaluator (an older one, say) on this checkout's candidates.
+CANDIDATES = Path(__file__).resolve().parents[1]
+TREE = Path(sys.argv[sys.argv.index("--tree") + 1]).resolve() if "--tree" in sys.argv else CANDIDATES
+sys.path.insert(0, str(TREE))
 import evaluate as ev  # noqa: E402
 
 
@@ -26,11 +30,13 @@ def main():
     p.add_argument("--count", type=int, default=20, help="number of candidates")
     p.add_argument("--gpu", type=int, default=0, help="the one GPU both passes run on")
     p.add_argument("--out", help="write every number to this JSON file")
+    p.add_argument("--tree", default=str(TREE), help="the checkout whose evaluate.py judges (default: this one); the "
+                   "candidates are always this checkout's, so two trees can be compared on the same ones")
     args = p.parse_args()
 
     kind, _ = ev.resolve_device(ev.EvalConfig(device=args.device))
-    tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
-    library = [r for r in ev.library_records(ev.ROOT / "solutions" / kind)
+    tasks = str(CANDIDATES / ("tasks" if kind == "cuda" else "tests/tasks"))
+    library = [r for r in ev.library_records(CANDIDATES / "solutions" / kind)
                if any(f".{status}_" in r["solution"] for status in ("correct", "incorrect", "runtime_error"))]
     records = library[:args.count]
     config = dict(device=kind, tasks=tasks, gpus=[args.gpu] if kind == "cuda" else None)
@@ -59,7 +65,8 @@ def main():
     same = sum(a["status"] == b["status"] for a, b in zip(passes["with"]["results"], passes["without"]["results"]))
     print(f"same statuses: {same}/{len(records)}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": kind, "candidates": [r["solution"] for r in records],
+        Path(args.out).write_text(json.dumps({"device": kind, "tree": os.path.relpath(TREE, CANDIDATES),
+                                              "candidates": [r["solution"] for r in records],
                                               **{name: {"wall_s": run["wall_s"], "results": run["results"]}
                                                  for name, run in passes.items()}}, indent=1))
 

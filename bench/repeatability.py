@@ -6,10 +6,14 @@ solutions/<device>/ in two separate runs (fresh worker processes each time) and 
 """
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# --tree DIR: evaluate with another checkout's evaluator (an older one, say) on this checkout's candidates.
+CANDIDATES = Path(__file__).resolve().parents[1]
+TREE = Path(sys.argv[sys.argv.index("--tree") + 1]).resolve() if "--tree" in sys.argv else CANDIDATES
+sys.path.insert(0, str(TREE))
 import evaluate as ev  # noqa: E402
 
 
@@ -19,11 +23,13 @@ def main():
     p.add_argument("--runs", type=int, default=2, help="separate evaluation runs to compare")
     p.add_argument("--max-spread", type=float, default=0.05, help="largest relative spread counted as repeatable")
     p.add_argument("--out", help="write every number to this JSON file")
+    p.add_argument("--tree", default=str(TREE), help="the checkout whose evaluate.py judges (default: this one); the "
+                   "candidates are always this checkout's, so two trees can be compared on the same ones")
     args = p.parse_args()
 
     kind, _ = ev.resolve_device(ev.EvalConfig(device=args.device))
-    records = [r for r in ev.library_records(ev.ROOT / "solutions" / kind) if ".correct_" in r["solution"]]
-    tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
+    records = [r for r in ev.library_records(CANDIDATES / "solutions" / kind) if ".correct_" in r["solution"]]
+    tasks = str(CANDIDATES / ("tasks" if kind == "cuda" else "tests/tasks"))
     runs = [ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks)) for _ in range(args.runs)]
 
     print("| kernel | " + " | ".join(f"speedup run {i + 1}" for i in range(args.runs)) + " | spread |")
@@ -44,7 +50,8 @@ def main():
     print(f"\nlargest spread: {worst:.1%} ({'within' if worst < args.max_spread else 'OVER'} "
           f"{args.max_spread:.0%}) over {len(records)} kernels")
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": kind, "kernels": rows, "largest_spread": worst}, indent=1))
+        Path(args.out).write_text(json.dumps({"device": kind, "tree": os.path.relpath(TREE, CANDIDATES), "kernels": rows,
+                                              "largest_spread": worst}, indent=1))
 
 
 if __name__ == "__main__":
