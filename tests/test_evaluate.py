@@ -171,6 +171,68 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     assert ev._config(ev._parser().parse_args(["in.jsonl"])) == ev.EvalConfig()
 
 
+# ------------------------------------------------------------------------------------- the timing's clocks
+
+def timed_calls(name: str, events_ms: float, wall_ms: float, kernel_ms: float, n: int = 5) -> tuple[dict, dict]:
+    """n timed calls of one model as the run child records them, each with one kernel of `kernel_ms`."""
+    calls = {name: [(f"{name}/{i}", events_ms, wall_ms) for i in range(n)]}
+    windows = {f"{name}/{i}": [("kernel", 1000.0 * i, 1000.0 * i + kernel_ms * 1e3)] for i in range(n)}
+    return calls, windows
+
+
+def test_clocks_that_agree_pass_even_when_a_loaded_host_lost_time_around_the_events():
+    assert ev.clock_mismatch(*timed_calls("candidate", 0.30, 0.31, 0.29)) is None
+    assert ev.clock_mismatch(*timed_calls("reference", 0.02, 0.94, 0.003)) is None  # a yield in the synchronize
+
+
+def test_events_shorter_than_the_kernels_inside_them_are_a_faked_clock():
+    why = ev.clock_mismatch(*timed_calls("candidate", 0.025, 0.31, 0.29))
+    assert why.startswith("[clock-mismatch] the candidate's timed calls take 0.025 ms by CUDA events")
+
+
+def test_events_longer_than_the_wall_clock_around_them_are_a_faked_clock():
+    assert ev.clock_mismatch(*timed_calls("reference", 0.06, 0.03, 0.02)).startswith("[clock-mismatch] the reference")
+    assert ev.clock_mismatch(*timed_calls("reference", 0.0315, 0.03, 0.02)) is None  # within the events' resolution
+
+
+def correct(**times) -> dict:
+    return {"medians": {"candidate": 0.01, "reference": 0.02}, **times}
+
+
+H200_CLEAN = {"reference_min_ms": 0.02262, "timer_min_ms": 0.008, "reference_kernel_ms": 0.003}
+
+
+def test_a_tiny_reference_on_a_loaded_host_is_not_taken_for_a_slowed_one():
+    """The H200's false alarm: 0.0917 ms beside the candidate, 0.0226 ms alone, while nvcc took every core;
+    the timer timing nothing was slowed as much, the kernels not at all."""
+    loaded = correct(reference_min_ms=0.0917, timer_min_ms=0.03, reference_kernel_ms=0.003)
+    assert ev.slowed_reference(loaded, H200_CLEAN, 1.3) is None
+
+
+def test_a_reference_slower_than_the_timer_allows_is_slowed():
+    quiet = correct(reference_min_ms=0.0917, timer_min_ms=0.008, reference_kernel_ms=0.003)
+    assert "0.0917 ms (fastest call) beside the candidate" in ev.slowed_reference(quiet, H200_CLEAN, 1.3)
+
+
+def test_slower_kernels_are_a_slowed_reference_whatever_the_host_did():
+    more_work = correct(reference_min_ms=0.03, timer_min_ms=0.008, reference_kernel_ms=0.012)
+    assert "the reference's kernels took 0.012 ms" in ev.slowed_reference(more_work, H200_CLEAN, 1.3)
+
+
+def test_a_child_claiming_a_slow_timer_excuses_at_most_max_host_load():
+    claims = correct(reference_min_ms=0.2, timer_min_ms=100.0, reference_kernel_ms=0.003)
+    assert ev.slowed_reference(claims, H200_CLEAN, 1.3).startswith("[slowed-reference]")
+    assert 0.2 > H200_CLEAN["reference_min_ms"] * 1.3 * ev.MAX_HOST_LOAD + 5e-3
+
+
+def test_a_child_that_leaves_out_a_time_is_flagged_and_the_cpu_compares_the_fastest_calls():
+    assert ev.slowed_reference(correct(reference_min_ms=0.0917), H200_CLEAN, 1.3).startswith("[slowed-reference]")
+    clean_cpu = {"reference_min_ms": 1.0}
+    assert ev.slowed_reference(correct(reference_min_ms=1.29), clean_cpu, 1.3) is None
+    assert ev.slowed_reference(correct(reference_min_ms=1.32), clean_cpu, 1.3).startswith("[slowed-reference]")
+    assert ev.slowed_reference({"rejected": "[threads] ..."}, clean_cpu, 1.3) is None
+
+
 # ------------------------------------------------------------------------- real builds and runs on the CPU
 
 @pytest.fixture(scope="module")
@@ -283,6 +345,35 @@ def test_a_busy_machine_is_flagged_in_the_result_and_in_one_line_on_stderr(tmp_p
     assert e["status"] == "correct" and e["busy"] is True and e["timing_cpu_share"] < ev.BUSY
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: the machine was busy")]
     assert len(warnings) == 1 and "1 of 1 timed candidates" in warnings[0]
+
+
+def test_on_a_loaded_host_honest_kernels_stay_correct_and_a_slowed_reference_is_still_rejected(tmp_path):
+    """The same four candidates on a quiet host (which also builds them), then with more spinning processes
+    than cores through the whole CLI run, the clean reference's timing included: both times the honest kernels
+    are correct and both ways of slowing the reference (a process-wide setting, and aten::relu's CPU kernel
+    replaced, which only the reference's time shows) are rejected."""
+    library = ev.library_records(ROOT / "tests" / "adversarial" / "cpu")
+    names = ["level1/9_Swish.correct_honest-twin", "level1/9_Swish.rejected_slowed-reference",
+             "level1/7_ReLU.rejected_slowed-reference"]
+    records = [cpu_solution("correct_loop")] + [r for name in names for r in library if r["solution"] == name]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for hogs in (0, len(os.sched_getaffinity(0)) + 1):
+        spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+        try:
+            result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], "--no-progress",
+                             "--timing-budget-s", "2")
+        finally:
+            for hog in spinning:
+                hog.kill()
+                hog.wait()
+        assert result.returncode == 0, result.stderr
+        evals = {row["solution"]: row["eval"] for row in map(json.loads, result.stdout.splitlines())}
+        assert len(evals) == 4
+        for name, e in evals.items():
+            want = "rejected" if "rejected_" in name else "correct"
+            assert e["status"] == want, (hogs, name, e["feedback"])
+            assert want == "correct" or "[slowed-reference]" in e["feedback"], e["feedback"]
+        assert "(fastest call) beside the candidate" in evals["level1/7_ReLU.rejected_slowed-reference"]["feedback"]
 
 
 def test_the_cpu_demo_gives_its_hanging_candidate_a_short_run_timeout():
