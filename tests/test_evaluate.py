@@ -329,17 +329,25 @@ def test_the_reference_and_the_candidate_run_on_the_configured_number_of_threads
     assert two["status"] == "incorrect", two["feedback"]
 
 
-def test_a_busy_machine_is_flagged_in_the_result_and_in_one_line_on_stderr(tmp_path):
-    """More spinning processes than cores: the checking child gets well under a core while it times."""
-    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("correct_loop")) + "\n")
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(os.sched_getaffinity(0)) + 1)]
+def run_cli_on_a_host_held_by(spinning: int, input_path: Path) -> subprocess.CompletedProcess:
+    """The CLI on the CPU over `input_path` while `spinning` processes spin on the cores."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(spinning)]
     try:
-        result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], "--no-progress",
-                         "--timing-budget-s", "2")
+        return run_cli(str(input_path), "--device", "cpu", "--tasks", CPU["tasks"], "--no-progress",
+                       "--timing-budget-s", "2")
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+MORE_THAN_CORES = len(os.sched_getaffinity(0)) + 1
+
+
+def test_a_busy_machine_is_flagged_in_the_result_and_in_one_line_on_stderr(tmp_path):
+    """More spinning processes than cores: the checking child gets well under a core while it times."""
+    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("correct_loop")) + "\n")
+    result = run_cli_on_a_host_held_by(MORE_THAN_CORES, tmp_path / "in.jsonl")
     assert result.returncode == 0, result.stderr
     e = json.loads(result.stdout)["eval"]
     assert e["status"] == "correct" and e["busy"] is True and e["timing_cpu_share"] < ev.BUSY
@@ -357,21 +365,14 @@ def test_on_a_loaded_host_honest_kernels_stay_correct_and_a_slowed_reference_is_
              "level1/7_ReLU.rejected_slowed-reference"]
     records = [cpu_solution("correct_loop")] + [r for name in names for r in library if r["solution"] == name]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    for hogs in (0, len(os.sched_getaffinity(0)) + 1):
-        spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
-        try:
-            result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], "--no-progress",
-                             "--timing-budget-s", "2")
-        finally:
-            for hog in spinning:
-                hog.kill()
-                hog.wait()
+    for spinning in (0, MORE_THAN_CORES):
+        result = run_cli_on_a_host_held_by(spinning, tmp_path / "in.jsonl")
         assert result.returncode == 0, result.stderr
         evals = {row["solution"]: row["eval"] for row in map(json.loads, result.stdout.splitlines())}
         assert len(evals) == 4
         for name, e in evals.items():
             want = "rejected" if "rejected_" in name else "correct"
-            assert e["status"] == want, (hogs, name, e["feedback"])
+            assert e["status"] == want, (spinning, name, e["feedback"])
             assert want == "correct" or "[slowed-reference]" in e["feedback"], e["feedback"]
         assert "(fastest call) beside the candidate" in evals["level1/7_ReLU.rejected_slowed-reference"]["feedback"]
 
