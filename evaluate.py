@@ -137,9 +137,9 @@ class EvalConfig:
     """share of the candidate's GPU time that copies and fills may take as neutral work (an output zeroed for
     atomics, a .contiguous()); beyond it they count as library work in the own-kernel share"""
     max_reference_slowdown: float = 1.3
-    """how much slower (fastest call against fastest call, plus 5 µs) the reference may run in the candidate's
-    process than in a clean one that never imports candidate code, timed once per task and device; beyond
-    it the candidate slowed the reference and is rejected"""
+    """how much slower (fastest call against fastest call, and on a GPU its kernels' time against theirs, plus
+    5 µs) the reference may run in the candidate's process than in a clean one that never imports candidate
+    code, timed once per task and device; beyond it the candidate slowed the reference and is rejected"""
     rules: str = "kevin"
     """which rules judge: 'kevin' (the paper's: no torch.nn layers, torch.nn.functional or torch compute ops; your
     own kernels do --min-own-kernel-share of the GPU work) or 'kernelbench' (KernelBench's: PyTorch ops and torch.nn
