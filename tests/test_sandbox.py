@@ -8,12 +8,14 @@ refused, and the candidate throws (a `runtime_error` naming the refusal) or is k
 with a `[sandbox]` rule). The attacks are templates: the test fills in the paths and the port, as an
 attacker who knows the setup would.
 
-Every run is against a copy of the project's Python files in a temporary folder, with its own build cache
-and output file outside that copy, so that a defence that fails cannot damage the checkout. Each input has
-an honest candidate first (it builds the shared object the cache attacks go after), then the attacker, then
-an honest copy under another extension name (the same sources, so it loads the cached build); the four
-attacks that leave separate traces share one run, the two on the cache have one each (a deleted cache would
-hide an overwritten one)."""
+Every run is against a copy of the project's Python files in a temporary folder, with a build cache and
+output file outside that copy, so that a defence that fails cannot damage the checkout. Each input has an
+honest candidate first, then the attacker, then an honest copy under another extension name (the same
+sources, so it loads the cached build). Two runs share one build cache: the one that deletes the cache goes
+first and alone (a deleted cache would hide an overwritten one), then the five whose traces stay apart (a
+project file, stdout, the output file, the port, the cached shared objects) share the next, which finds
+the honest build left by the first: the overwrite has a build to go after, and the honest candidates load
+it in a second run over the cache. A last run of the honest ones alone loads the cache once more."""
 import hashlib
 import json
 import re
@@ -33,9 +35,11 @@ import sandbox
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKS = ROOT / "tests" / "adversarial" / "sandbox"
 TASK = "level1/7_ReLU"
-# The four whose traces stay apart (a project file, stdout, the output file, the port) share one run.
-SEPARABLE = ("append_evaluate_py", "forge_stdout_line", "forge_output_line", "connect_tcp")
-RUNS = {"separable": SEPARABLE, "overwrite": ("overwrite_cached_so",), "delete": ("delete_build_cache",)}
+# In the order they run over one build cache; the five whose traces stay apart share the second run.
+RUNS = {"delete": ("delete_build_cache",),
+        "separable": ("append_evaluate_py", "forge_stdout_line", "forge_output_line", "connect_tcp",
+                      "overwrite_cached_so")}
+ELF = b"\x7fELF"
 HONEST = {"cpu": ROOT / "solutions" / "cpu" / "level1" / "7_ReLU.correct_loop.py",
           "cuda": ROOT / "solutions" / "cuda" / "level1" / "7_ReLU.correct_vec4.py"}
 # How a refused attempt reads in a candidate's own exception: its strerror, or no evaluator in sight.
@@ -112,25 +116,32 @@ class Listener:
         return self.connections
 
 
-def run_cli(project: Path, records: list[dict], out: Path, build_dir: Path, device: str, *extra: str):
-    """`python evaluate.py IN -o OUT` in the copied project, as a pipeline would run it; the records are also
-    returned, as read back from OUT."""
+def run_cli(project: Path, records: list[dict], out: Path, build_dir: Path, device: str, *extra: str,
+            workers: int = 1):
+    """`python evaluate.py IN -o OUT` in the copied project, as a pipeline would run it, building `workers`
+    candidates at once (one: in input order); the records are also returned, as read back from OUT."""
     source = out.with_suffix(".in.jsonl")
     source.write_text("".join(json.dumps(r) + "\n" for r in records))
     done = subprocess.run(
         [sys.executable, "evaluate.py", str(source), "-o", str(out), "--device", device, "--tasks", "tests/tasks",
-         "--build-dir", str(build_dir), "--run-timeout-s", "60", "--timing-budget-s", "1", "--compile-workers", "1",
-         "--no-progress", *extra], cwd=project, capture_output=True, text=True, timeout=900)
+         "--build-dir", str(build_dir), "--run-timeout-s", "60", "--timing-budget-s", "1",
+         "--compile-workers", str(workers), "--no-progress", *extra],
+        cwd=project, capture_output=True, text=True, timeout=900)
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
     return done, rows
 
 
-def attack_run(folder: Path, device: str, attacks: tuple[str, ...], again: bool) -> dict:
+def honest_ones(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if str(r.get("id")).startswith("honest")]
+
+
+def attack_run(folder: Path, device: str, attacks: tuple[str, ...], build_dir: Path, again: bool,
+               workers: int = 1) -> dict:
     """One CLI run over an honest candidate, then each attacker followed by an honest copy; with `again`, a
-    second run of the honest ones alone over the same build cache. What each saw, and the project before and
-    after."""
+    second run of the honest ones alone over the same build cache. What each saw, the project before and
+    after, and the first bytes of each shared object in the cache at the end."""
     project = copy_project(folder)
-    build_dir, out = (folder / "builds").resolve(), (folder / "out.jsonl").resolve()
+    out = (folder / "out.jsonl").resolve()
     listener = Listener()
     fills = dict(evaluate_py=str(project / "evaluate.py"), output=str(out), build_root=str(build_dir),
                  port=str(listener.port))
@@ -140,15 +151,25 @@ def attack_run(folder: Path, device: str, attacks: tuple[str, ...], again: bool)
         records.append({"task": TASK, "code": honest(device, name=f"relu_honest_copy_{n}"), "id": f"honest-{n}"})
     before = fingerprint(project)
     try:
-        done, rows = run_cli(project, records, out, build_dir, device)
+        done, rows = run_cli(project, records, out, build_dir, device, workers=workers)
     finally:
         connections = listener.stop()
-    again_records = [r for r in records if r["id"].startswith("honest")]
+    again_records = honest_ones(records)
     again, again_rows = (run_cli(project, again_records, folder / "again.jsonl", build_dir, device) if again
                          else (None, []))
     return dict(records=records, done=done, rows=rows, connections=connections, before=before,
                 after=fingerprint(project), again_records=again_records, again=again, again_rows=again_rows,
-                build_dir=build_dir)
+                build_dir=build_dir, shared_objects={f: f.read_bytes()[:4] for f in build_dir.rglob("*.so")})
+
+
+def attack_runs(folder: Path, device: str, workers: int) -> dict[str, dict]:
+    """RUNS, one after the other over one build cache, the second with `workers` builds at once; the second
+    run's honest candidates are the first run's second run over the cache."""
+    build_dir = (folder / "builds").resolve()
+    delete = attack_run(folder / "delete", device, RUNS["delete"], build_dir, again=False)
+    separable = attack_run(folder / "separable", device, RUNS["separable"], build_dir, again=True, workers=workers)
+    delete.update(again_records=honest_ones(separable["records"]), again_rows=honest_ones(separable["rows"]))
+    return {"delete": delete, "separable": separable}
 
 
 def statuses(rows: list[dict]) -> dict[str, str]:
@@ -168,18 +189,18 @@ def assert_stopped(result: dict) -> None:
 # ------------------------------------------------------------------------------------------- CPU, unboxed?
 
 @pytest.fixture(scope="module")
-def separable(tmp_path_factory):
-    return attack_run(tmp_path_factory.mktemp("separable"), "cpu", SEPARABLE, again=False)
+def cpu_runs(tmp_path_factory):
+    return attack_runs(tmp_path_factory.mktemp("cpu"), "cpu", workers=1)
 
 
 @pytest.fixture(scope="module")
-def overwrite(tmp_path_factory):
-    return attack_run(tmp_path_factory.mktemp("overwrite"), "cpu", RUNS["overwrite"], again=True)
+def separable(cpu_runs):
+    return cpu_runs["separable"]
 
 
 @pytest.fixture(scope="module")
-def delete(tmp_path_factory):
-    return attack_run(tmp_path_factory.mktemp("delete"), "cpu", RUNS["delete"], again=True)
+def delete(cpu_runs):
+    return cpu_runs["delete"]
 
 
 def test_a_candidate_cannot_change_the_evaluators_files(separable):
@@ -209,13 +230,12 @@ def test_a_candidate_cannot_connect_to_a_local_port(separable):
     assert separable["connections"] == []
 
 
-def test_a_candidate_cannot_overwrite_another_candidates_build(overwrite):
+def test_a_candidate_cannot_overwrite_another_candidates_build(separable):
     """Every shared object left in the cache is still an ELF file, and a second run, in which the honest
     candidates load their cached build, still finds them correct."""
-    spoiled = [str(f) for f in overwrite["build_dir"].rglob("*.so") if f.read_bytes()[:4] != b"\x7fELF"]
-    assert spoiled == []
-    assert statuses(overwrite["again_rows"]) == {r["id"]: "correct" for r in overwrite["again_records"]}, \
-        [r["eval"]["feedback"][:300] for r in overwrite["again_rows"]]
+    assert [str(f) for f, magic in separable["shared_objects"].items() if magic != ELF] == []
+    assert statuses(separable["again_rows"]) == {r["id"]: "correct" for r in separable["again_records"]}, \
+        [r["eval"]["feedback"][:300] for r in separable["again_rows"]]
 
 
 def test_a_candidate_cannot_delete_the_build_cache(delete):
@@ -225,8 +245,8 @@ def test_a_candidate_cannot_delete_the_build_cache(delete):
     assert [r.get("id") for r in delete["rows"]] == [r["id"] for r in delete["records"]], \
         delete["done"].stderr[-3000:]
     assert statuses(delete["rows"])["honest-1"] == "correct", [r["eval"]["feedback"][:300] for r in delete["rows"]]
-    honest_builds = [f for f in delete["build_dir"].glob("*/*.so")
-                     if "attempt()" not in (f.parent / "main.cpp").read_text()]
+    honest_builds = [f for f in delete["shared_objects"] if f.parent.parent == delete["build_dir"]
+                     and "attempt()" not in (f.parent / "main.cpp").read_text()]
     assert honest_builds
 
 
@@ -265,14 +285,19 @@ def test_unboxed_the_evaluate_py_attack_does_change_evaluate_py(tmp_path):
 
 # --------------------------------------------------------------------------------------------------- GPU
 
+@pytest.fixture(scope="module")
+def cuda_runs(tmp_path_factory):
+    return attack_runs(tmp_path_factory.mktemp("cuda"), "cuda", workers=len(RUNS["separable"]))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("run", list(RUNS))
-def test_the_sandbox_stops_the_cuda_attacks(run, tmp_path):
+def test_the_sandbox_stops_the_cuda_attacks(run, cuda_runs):
     """The same attacks as CUDA kernels (--device cuda): the project unchanged, nothing in stdout, one output
     line per input in order, no connection, each attacker stopped, the honest candidates correct in this run
     and in a second one over the same build cache, every cached shared object still an ELF file."""
-    seen = attack_run(tmp_path, "cuda", RUNS[run], again=True)
+    seen = cuda_runs[run]
     assert seen["done"].returncode == 0, seen["done"].stderr[-3000:]
     assert seen["after"] == seen["before"]
     assert seen["done"].stdout == ""
@@ -283,7 +308,7 @@ def test_the_sandbox_stops_the_cuda_attacks(run, tmp_path):
             assert row["eval"]["status"] == "correct", (row["id"], row["eval"]["feedback"][:500])
         else:
             assert_stopped(row["eval"])
-    assert [f for f in seen["build_dir"].rglob("*.so") if f.read_bytes()[:4] != b"\x7fELF"] == []
+    assert [str(f) for f, magic in seen["shared_objects"].items() if magic != ELF] == []
     assert statuses(seen["again_rows"]) == {r["id"]: "correct" for r in seen["again_records"]}
 
 
