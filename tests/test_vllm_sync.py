@@ -65,19 +65,22 @@ def accelerate_launch(config: str, processes: int, *args: str, env: dict, timeou
 
 
 def launch_script(tmp_path: Path, script: str, config: str, processes: int, *args: str) -> list[dict]:
-    """`script` run under `accelerate launch`, this checkout importable; each process's RESULT line."""
+    """`script` run under `accelerate launch` with tmp_path and `args`, this checkout importable; what each
+    process wrote to tmp_path/result_RANK.json (a file: long lines of two processes interleave on one pipe)."""
     path = tmp_path / "script.py"
     path.write_text(script)
-    done = accelerate_launch(config, processes, str(path), *args, timeout=900,
-                             env={"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
-    return [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    accelerate_launch(config, processes, str(path), str(tmp_path), *args, timeout=900,
+                      env={"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
+    return [json.loads(f.read_text()) for f in sorted(tmp_path.glob("result_*.json"))]
 
 
 FSDP2_GATHER = '''
-import copy, json, weakref
+import copy, json, sys, weakref
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -114,7 +117,10 @@ if __name__ == "__main__":
             expected = copy.deepcopy(model).merge_and_unload().state_dict()
             layers = model.base_model.model.model.layers
             embedding = "base_model.model.model.embed_tokens.weight"
-        expected = {name: tensor.clone() for name, tensor in expected.items()}
+        expected = {name: tensor.clone() for name, tensor in expected.items()}  # before sharding
+        if weights == "full":  # as Accelerate's fsdp_activation_checkpointing does: a wrapper in the names
+            for i, layer in enumerate(layers):
+                layers[i] = checkpoint_wrapper(layer)
         for layer in layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -134,7 +140,8 @@ if __name__ == "__main__":
             "sharded": all(isinstance(t, DTensor) for t in state.values()),
             "embedding_rows": [state[embedding].to_local().shape[0], state[embedding].shape[0]],  # here, in all
             "expected_names": sorted(expected)}
-    print("RESULT", json.dumps({"rank": accelerator.process_index, **results}))
+    result = {"rank": accelerator.process_index, **results}
+    Path(sys.argv[1], f"result_{accelerator.process_index}.json").write_text(json.dumps(result))
 '''
 
 
@@ -147,8 +154,9 @@ def held_while_gathering(name: str) -> int:
 
 def test_fsdp2_shards_are_gathered_whole_one_at_a_time_on_every_rank_full_and_lora(tmp_path):
     """Two processes over gloo, the tiny model sharded with torch's FSDP 2 (`fully_shard` per decoder layer
-    and at the root, on a CPU device mesh): every rank reads exactly the unsharded model's tensors, bit for
-    bit, and peft's own merge for LoRA, the tied lm_head left out. The gathers are lazy (the first item gathers
+    and at the root, on a CPU device mesh; the full model's layers inside activation-checkpoint wrappers): every
+    rank reads exactly the unsharded model's tensors under their names, bit for bit, and peft's own merge for
+    LoRA, the tied lm_head left out. The gathers are lazy (the first item gathers
     nothing else), each state-dict entry is gathered once, and nothing gathered for an earlier item is still
     held when the next is gathered (the reader keeps nothing).
     `fully_shard` is applied by hand: Accelerate prepares FSDP on GPUs only (on a CPU it falls back to DDP)."""
@@ -166,6 +174,7 @@ def test_fsdp2_shards_are_gathered_whole_one_at_a_time_on_every_rank_full_and_lo
 
 ZERO3_GATHER = '''
 import json, sys
+from pathlib import Path
 
 import deepspeed
 import torch
@@ -176,7 +185,7 @@ from tiny_model import build_tiny_model
 from vllm_sync import merged_lora, policy_weights
 
 if __name__ == "__main__":
-    lora = sys.argv[1] == "lora"
+    lora = sys.argv[2] == "lora"
     args = train.parse_args(["--lora-rank", "4"] if lora else [])
     accelerator = train.make_accelerator(args, 1, on_gpu=True)
     torch.manual_seed(0)
@@ -199,10 +208,10 @@ if __name__ == "__main__":
         tensor, want = tensor.cpu(), expected.get(name, torch.empty(0))
         if tensor.dtype != want.dtype or not torch.equal(tensor, want):
             wrong.append(name)
-    print("RESULT", json.dumps({"zero_stage": accelerator.state.deepspeed_plugin.zero_stage, "names": names,
-                                "expected_names": sorted(expected), "wrong": wrong,
-                                "partitioned": [p.ds_status == ZeroParamStatus.NOT_AVAILABLE
-                                                for p in policy.parameters()]}))
+    result = {"zero_stage": accelerator.state.deepspeed_plugin.zero_stage, "names": names,
+              "expected_names": sorted(expected), "wrong": wrong,
+              "partitioned": [p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in policy.parameters()]}
+    Path(sys.argv[1], "result_0.json").write_text(json.dumps(result))
 '''
 
 
