@@ -72,9 +72,10 @@ class LogprobHead(torch.nn.Module):
     in place of logits, the log-prob of each target token and the entropy at its position (batch, width, 2),
     from `chunk` reply tokens' logits at a time (ChunkedScores): whatever the reply length, the loss holds one
     chunk's logits (chunk x vocabulary x 2 bytes in bf16 on a GPU, about 8 in eager fp32 on a CPU), never
-    (batch x width x vocabulary) of them and as much again for their gradient. Otherwise it is the plain linear layer (generation). It holds lm_head's own
-    parameters under their names, so checkpoints, tied embeddings, LoRA and sharding (FSDP, ZeRO-3 gather a
-    module's own parameters for its forward and backward) see the lm_head they know."""
+    (batch x width x vocabulary) of them and as much again for their gradient. Otherwise it is the plain
+    linear layer (generation). It holds lm_head's own parameters under their names, so checkpoints, tied
+    embeddings, LoRA and sharding (FSDP, ZeRO-3 gather a module's own parameters for its forward and
+    backward) see the lm_head they know."""
 
     def __init__(self, lm_head: torch.nn.Linear, chunk: int):
         super().__init__()
