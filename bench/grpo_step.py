@@ -41,13 +41,15 @@ benchmark-only dependency (README: carried wheels), as is DeepSpeed for zero3_of
 "0.5b", "7b": Qwen2.5-7B's shape, untied embeddings, 7.6B parameters), mode ("full", "lora" rank 16 on
 every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, the batch
 (prompt_tokens, samples, micro_batch), the work counted (forwards, forward_tokens, optimizer_steps), loss,
-grad_norms, wall_s, error.
+grad_norms, host_peak_gib (the process's peak resident memory: where ZeRO-Offload keeps the optimizer),
+wall_s, error.
 """
 import argparse
 import json
 import math
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -279,6 +281,7 @@ def child(spec: dict) -> None:
         except torch.OutOfMemoryError as error:
             result = {"seconds": None, "peak_gib": None, "error": f"out of GPU memory: {str(error)[:200]}"}
     result["tokens_per_s"] = result["forward_tokens"] / result["seconds"] if result["seconds"] else None
+    result["host_peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # from KiB
     print("ROW " + json.dumps(result), flush=True)
 
 
@@ -301,7 +304,8 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
     row = {"model": model, "mode": mode, "reply_tokens": reply, "side": side, "tokens_per_s": result["tokens_per_s"],
            "peak_gib": result["peak_gib"], "fits": "error" not in result, "prompt_tokens": args.prompt_tokens,
            "samples": samples, "micro_batch": micro,
-           **{k: result.get(k) for k in ("forwards", "forward_tokens", "optimizer_steps", "loss", "grad_norms")},
+           **{k: result.get(k) for k in ("forwards", "forward_tokens", "optimizer_steps", "loss", "grad_norms",
+                                         "host_peak_gib")},
            "wall_s": round(time.perf_counter() - started, 1), **({"error": result["error"]} if "error" in result else {})}
     if "error" in result:
         print(f"  {side}: {result.get('error')}\n{done.stderr[-2000:]}", file=sys.stderr)

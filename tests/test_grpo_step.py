@@ -29,6 +29,7 @@ def test_each_row_is_written_as_it_finishes_and_a_rerun_skips_it(tmp_path):
     assert row["tokens_per_s"] > 0 and len(row["grad_norms"]) == 2 and row["samples"] % row["micro_batch"] == 0
     assert (row["forwards"], row["optimizer_steps"]) == (2 * row["samples"] // row["micro_batch"], 2)
     assert row["forward_tokens"] == 2 * row["samples"] * (row["prompt_tokens"] + 16)  # both updates' batches
+    assert 0.1 < row["host_peak_gib"] < 100
     again = run_bench("--rows", "tiny:full:16", "--sides", "project", "--out", str(out))
     assert json.loads(out.read_text()) == [row] and "| tiny | full | 16 |" in again.stdout
 
