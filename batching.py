@@ -156,7 +156,11 @@ def compiled_on_gpu(fn):
     """`fn` through torch.compile for GPU tensors: a kernel or two that read the bf16 logits, where eager torch
     writes and reads fp32 copies of them at each step; eager on a CPU, where compiling takes longer than it saves."""
     compiled = functools.cache(lambda: torch.compile(fn, dynamic=True))  # at first use: importing it takes seconds
-    return lambda logits, *args: (compiled() if logits.is_cuda else fn)(logits, *args)
+
+    @functools.wraps(fn)
+    def call(logits: torch.Tensor, *args):
+        return (compiled() if logits.is_cuda else fn)(logits, *args)
+    return call
 
 
 @compiled_on_gpu
