@@ -26,7 +26,7 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"comma-separated integers, not {text!r}") from None
 
 
-FLAG_TYPES = {"str": str, "int": int, "float": float, "list[int] | None": _int_list}
+FLAG_TYPES = {"str": str, "int": int, "float": float, "float | None": float, "list[int] | None": _int_list}
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls) -> None:

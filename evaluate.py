@@ -6,8 +6,9 @@ also runs where no GPU exists). Each candidate gets a status, a speedup and the 
 reads on its next turn (the five kinds of the Kevin paper, plus `rejected` and `timeout`).
 
 Pipeline, per call of `evaluate(records)`:
-  1. parse: the last fenced code block of a reply (or the record's code as is); the paper's static rules
-     (no try/except, no `pass`, no torch.nn layers / functional / torch compute ops, a native kernel).
+  1. parse: the last fenced code block of a reply (or the record's code as is); the static rules of --rules,
+     the paper's (no try/except, no `pass`, no torch.nn layers / functional / torch compute ops, a native
+     kernel) or KernelBench's (the same, but PyTorch ops and torch.nn layers allowed).
   2. build: every distinct candidate is imported in a child process from a pool sized to the cores, with
      load_inline redirected to a content-addressed build cache of light, precompiled torch headers, so that
      an extension repeated across a GRPO group or a later turn is compiled once and fast (build_cache.py).
@@ -29,7 +30,9 @@ EvalConfig field), build_cache.py and isolation.py; none imports this one.
 
 Defaults follow the KernelBench version Kevin used (atol = rtol = 1e-2, seed 42 before building each
 model so parameters made the same way match); where the paper is silent (number of correctness inputs,
-timing protocol) the choices are flags documented in the README.
+timing protocol, how far repeated runs may differ) the choices are flags documented in the README.
+`--rules kernelbench` judges as KernelBench does instead (its tolerances per dtype; PyTorch allowed for what
+the candidate does not replace), with every runtime defence kept.
 
 Usage:
   python evaluate.py IN.jsonl > OUT.jsonl        # records with `task` and `code`; `-` reads stdin
@@ -67,8 +70,10 @@ from eval_children import child_settings, first_lines, last_frames, sandbox_mech
 from eval_records import already_written, library_records, read_records
 from isolation import (finish_child, hidden_from_children, run_in_child, start_child, stop_child_later,
                        stop_every_child)
-from run_child import RunChild, TamperCheck, changed, clone, flatten_outputs, import_file, make_timer, own_kernel_share
-from static_rules import FENCE, extract_code, kernel_names, static_check  # noqa: F401 (FENCE: generate.py's, from here)
+from run_child import (RunChild, TamperCheck, changed, clone, flatten_outputs, identical, import_file, make_timer,
+                       own_kernel_share)
+from static_rules import (FENCE, RULES, extract_code, kernel_names, rejection,  # noqa: F401 (FENCE: generate.py's)
+                          static_check)
 
 ROOT = Path(__file__).resolve().parent
 STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
@@ -85,10 +90,11 @@ class EvalConfig:
     takes the CPU-sized copies in tests/tasks/"""
     correct_trials: int = 5
     """fresh random input sets the candidate must match the reference on"""
-    atol: float = 1e-2
-    """absolute tolerance (KernelBench as used by Kevin: 1e-2)"""
-    rtol: float = 1e-2
-    """relative tolerance"""
+    atol: float | None = None
+    """absolute tolerance, for every dtype (default: the rules' own; kevin: 1e-2, the KernelBench version Kevin
+    used; kernelbench: KernelBench's per dtype, 1e-4 for fp32 and 1e-2 for fp16/bf16)"""
+    rtol: float | None = None
+    """relative tolerance, for every dtype (default: the rules' own, as for --atol)"""
     timing_trials: int = 100
     """timed runs per model (fewer if --timing-budget-s runs out first, never fewer than 10)"""
     timing_budget_s: float = 10.0
@@ -127,6 +133,21 @@ class EvalConfig:
     says which, 'strict' refuses to run without all of it, 'off' runs candidates with the user's full rights"""
     progress: bool = True
     """a tqdm progress bar on stderr (--no-progress: none)"""
+    rules: str = "kevin"
+    """which rules judge: 'kevin' (the paper's: no torch.nn layers, torch.nn.functional or torch compute ops; your
+    own kernels do --min-own-kernel-share of the GPU work) or 'kernelbench' (KernelBench's: PyTorch ops and torch.nn
+    layers allowed for what you do not replace, but your kernels must run; its tolerances per dtype); both ban
+    try/except, `pass`, threads and introspection, and keep every runtime defence"""
+    repeat_runs: int = 3
+    """extra runs on the first input set that must agree with the candidate's first run there, the last beside a
+    busy kernel on another stream (on a GPU), so that a race lands differently"""
+    repeat_tolerance: float = 1e-5
+    """largest difference allowed between those runs, relative to the output's largest magnitude (at least 4
+    epsilons of its dtype): a deterministic kernel repeats every bit, fp32 atomics differ by ~1e-7 of it, a race
+    in a tiled GEMM by ~1e-2"""
+    copy_parameters: bool = False
+    """copy the reference's parameters and buffers into ModelNew (where a shape occurs once on each side) before
+    judging: the kernel judged apart from how ModelNew initialised its weights"""
 
     def __post_init__(self):
         """Every value checked once, here: a trial count of 0 would skip the check it counts (a wrong kernel
@@ -135,7 +156,8 @@ class EvalConfig:
                  ("gpus", "a non-empty list of GPU indices", self.gpus is None or (
                      bool(self.gpus) and all(isinstance(g, int) and g >= 0 for g in self.gpus))),
                  ("correct_trials", "at least 1", self.correct_trials >= 1),
-                 ("atol", "at least 0", self.atol >= 0), ("rtol", "at least 0", self.rtol >= 0),
+                 ("atol", "at least 0", self.atol is None or self.atol >= 0),
+                 ("rtol", "at least 0", self.rtol is None or self.rtol >= 0),
                  ("timing_trials", "at least 1", self.timing_trials >= 1),
                  ("timing_budget_s", "at least 0", self.timing_budget_s >= 0),
                  ("warmup", "at least 0", self.warmup >= 0),
@@ -146,7 +168,10 @@ class EvalConfig:
                  ("spare_children", "at least 0", self.spare_children >= 0),
                  ("compile_timeout_s", "more than 0", self.compile_timeout_s > 0),
                  ("run_timeout_s", "more than 0", self.run_timeout_s > 0),
-                 ("sandbox", "off, auto or strict", self.sandbox in ("off", "auto", "strict"))]
+                 ("sandbox", "off, auto or strict", self.sandbox in ("off", "auto", "strict")),
+                 ("rules", "kevin or kernelbench", self.rules in RULES),
+                 ("repeat_runs", "at least 1", self.repeat_runs >= 1),
+                 ("repeat_tolerance", "at least 0", self.repeat_tolerance >= 0)]
         for name, rule, ok in rules:
             if not ok:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be {rule}, not {getattr(self, name)!r}")
@@ -198,82 +223,171 @@ def _build(payload: dict) -> dict:
 # The check and the timing, inside the run child (what they stand on: run_child.py)
 
 
-def _compare(candidate, reference, atol: float, rtol: float) -> tuple[str | None, str | None, float]:
-    """(status, why, max |difference|) for one trial's outputs; status None when they match.
+# KernelBench's own tolerances (atol = rtol) per output dtype, in its versions after the one Kevin used (1e-2 for
+# all); other dtypes get fp32's.
+KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
+KEVIN_TOLERANCE = 1e-2
+
+
+def tolerances(cfg: EvalConfig) -> dict[str, list[float]]:
+    """[atol, rtol] per output dtype ('other': the rest): the flags where given, else the rules' defaults."""
+    def default(dtype: str) -> float:
+        return KERNELBENCH_TOLERANCE.get(dtype, KERNELBENCH_TOLERANCE["float32"]) if cfg.rules == "kernelbench" \
+            else KEVIN_TOLERANCE
+    return {dtype: [default(dtype) if cfg.atol is None else cfg.atol, default(dtype) if cfg.rtol is None else cfg.rtol]
+            for dtype in (*KERNELBENCH_TOLERANCE, "other")}
+
+
+def _compare(candidate, reference, tolerance: dict[str, list[float]]) -> tuple[str | None, str | None, float, float]:
+    """(status, why, max |difference|, max |difference| / |reference|) for one trial's outputs; status None when
+    they match. The relative difference divides by |reference| floored at atol, so that zeros stay finite.
 
     What a correct but clumsy kernel gets wrong is `incorrect`; an output that could only pass by
     gaming the check (a tensor subclass, no storage, NaN where the reference is finite) is `rejected`."""
     cand, ref = flatten_outputs(candidate), flatten_outputs(reference)
     if len(cand) != len(ref):
-        return "incorrect", f"expected {len(ref)} outputs, got {len(cand)}", math.inf
-    worst = 0.0
+        return "incorrect", f"expected {len(ref)} outputs, got {len(cand)}", math.inf, math.inf
+    worst = worst_rel = 0.0
     for i, (c, r) in enumerate(zip(cand, ref)):
         where = f"output {i}: " if len(ref) > 1 else ""
         if not isinstance(r, torch.Tensor):
             r = torch.as_tensor(r, device=c.device if isinstance(c, torch.Tensor) else None)
         if not isinstance(c, torch.Tensor):
-            return "incorrect", f"{where}expected a tensor, got {type(c).__name__}", math.inf
+            return "incorrect", f"{where}expected a tensor, got {type(c).__name__}", math.inf, math.inf
         if type(c) is not torch.Tensor or c.layout != torch.strided:
             return "rejected", f"[not-plain-tensor] {where}the output is a {type(c).__name__} ({c.layout}), " \
-                               "not a plain dense torch.Tensor", math.inf
+                               "not a plain dense torch.Tensor", math.inf, math.inf
         if c.device != r.device:
-            return "rejected", f"[not-plain-tensor] {where}the output is on {c.device}, not {r.device}", math.inf
+            return "rejected", f"[not-plain-tensor] {where}the output is on {c.device}, not {r.device}", \
+                math.inf, math.inf
         if c.numel() and c.untyped_storage().data_ptr() == 0:
-            return "rejected", f"[not-plain-tensor] {where}the output has no storage", math.inf
+            return "rejected", f"[not-plain-tensor] {where}the output has no storage", math.inf, math.inf
         if c.shape != r.shape:
-            return "incorrect", f"{where}shape mismatch: expected {tuple(r.shape)}, got {tuple(c.shape)}", math.inf
+            return "incorrect", f"{where}shape mismatch: expected {tuple(r.shape)}, got {tuple(c.shape)}", \
+                math.inf, math.inf
         if c.dtype != r.dtype:
-            return "incorrect", f"{where}dtype mismatch: expected {r.dtype}, got {c.dtype}", math.inf
+            return "incorrect", f"{where}dtype mismatch: expected {r.dtype}, got {c.dtype}", math.inf, math.inf
+        atol, rtol = tolerance.get(str(r.dtype).removeprefix("torch."), tolerance["other"])
         c, r = c.detach().double(), r.detach().double()
         bad = ~torch.isfinite(c) & torch.isfinite(r)
         if bad.any():
             return "rejected", f"[nan-output] {where}{int(bad.sum())} NaN/Inf values where the reference is " \
-                               "finite (unwritten output memory reads as NaN here)", math.inf
+                               "finite (unwritten output memory reads as NaN here)", math.inf, math.inf
         finite = torch.isfinite(r)
         diff = (c - r).abs()[finite]
+        relative = diff / r.abs()[finite].clamp_min(max(atol, 1e-30))
         worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
+        worst_rel = max(worst_rel, float(relative.max()) if diff.numel() else 0.0)
         if not torch.allclose(c, r, atol=atol, rtol=rtol, equal_nan=True):
             n_bad = int((diff > (atol + rtol * r.abs())[finite]).sum())
-            return "incorrect", (f"{where}{n_bad} of {r.numel()} values differ beyond atol={atol}, rtol={rtol} "
-                                 f"(max abs difference {float(diff.max()):.4g})"), worst
-    return None, None, worst
+            return "incorrect", (f"{where}{n_bad} of {r.numel()} values differ beyond atol={atol:g}, rtol={rtol:g} "
+                                 f"(max abs difference {float(diff.max()):.4g}, max relative "
+                                 f"{float(relative.max()):.3g})"), worst, worst_rel
+    return None, None, worst, worst_rel
 
 
+def _repeat_disagrees(first, again, tolerance: float) -> str | None:
+    """How a repeated run on the same inputs differs from the first, if beyond `tolerance` of each output's largest
+    magnitude (at least 4 epsilons of its dtype; integers exactly), else None."""
+    firsts, agains = flatten_outputs(first), flatten_outputs(again)
+    if len(firsts) != len(agains):
+        return f"returned {len(agains)} outputs instead of {len(firsts)}"
+    for i, (a, b) in enumerate(zip(firsts, agains)):
+        where = f"output {i} " if i else ""
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            if type(a) is not type(b):
+                return f"{where}changed type"
+            continue  # not a tensor: left to the comparison with the reference
+        if (a.shape, a.dtype) != (b.shape, b.dtype):
+            return f"{where}changed shape or dtype"
+        if identical(a, b):
+            continue
+        if not a.is_floating_point():
+            return f"{where}has {int((a != b).sum())} values that changed"
+        bound = max(tolerance, 4 * torch.finfo(a.dtype).eps)
+        a, b = a.detach().double(), b.detach().double()
+        finite = torch.isfinite(a)
+        if not torch.equal(finite, torch.isfinite(b)):
+            return f"{where}has values that turned NaN/Inf or back"
+        scale = float(a[finite].abs().max()) if finite.any() else 0.0
+        worst = float((a - b).abs()[finite].max()) if finite.any() else 0.0
+        if worst > bound * scale:
+            share = worst / scale if scale else math.inf
+            return (f"{where}differs from the first by up to {worst:.4g}, {share:.2g} of its largest magnitude "
+                    f"({scale:.4g}; allowed: {bound:.2g} of it)")
+    return None
 
 
-def check_correctness(run: RunChild, model, reference) -> tuple[dict | None, float]:
-    """(the failed result or None, the largest difference seen) over `correct_trials` fresh input sets:
-    the candidate first, into poisoned memory, on its own clone of the inputs; twice on the first set."""
+def check_correctness(run: RunChild, model, reference) -> tuple[dict | None, float, float]:
+    """(the failed result or None, the largest absolute and relative differences seen) over `correct_trials`
+    fresh input sets: the candidate first, into poisoned memory, on its own clone of the inputs; on the first
+    set `repeat_runs` more times, the last beside a busy kernel, each agreeing with the first run far tighter
+    than with the reference (a race that lands inside the tolerance still lands differently each run)."""
     payload, defend = run.payload, run.defend
-    worst = 0.0
+    worst = worst_rel = 0.0
     for trial in range(payload["correct_trials"]):
         inputs = run.make_inputs(payload["seed"] + 1 + trial)
         try:
+            began = time.perf_counter()
             out, args, unsynchronized = run.run_candidate(model, inputs)  # first: no reference result to inherit
-            again = run.run_candidate(model, inputs)[0] if trial == 0 and defend else None
+            first_ms = (time.perf_counter() - began) * 1e3
+            if unsynchronized:
+                return run.rejected("[unsynchronized-stream] the output was still being written when forward "
+                                    "returned: synchronise side streams with the current stream before returning"), \
+                    worst, worst_rel
+            repeats = payload["repeat_runs"] if trial == 0 and defend else 0
+            for repeat in range(1, repeats + 1):
+                again = run.run_candidate(model, inputs, busy_ms=first_ms if repeat == repeats else 0.0)[0]
+                if why := _repeat_disagrees(out, again, payload["repeat_tolerance"]):
+                    return run.rejected(f"[nondeterministic] run {repeat + 1} on the same inputs {why}: a race (a "
+                                        "missing __syncthreads()?) or memory read before it is written"), \
+                        worst, worst_rel
+                del again
         except Exception as e:
             return {"stage": "candidate", "error": f"{type(e).__name__}: {e}",
-                    "traceback": traceback.format_exc()}, worst
-        if unsynchronized:
-            return run.rejected("[unsynchronized-stream] the output was still being written when forward "
-                                "returned: synchronise side streams with the current stream before returning"), worst
+                    "traceback": traceback.format_exc()}, worst, worst_rel
         ref_args = clone(inputs) if defend else inputs
         expected = reference(*ref_args)
         run.sync()
-        status, why, diff = _compare(out, expected, payload["atol"], payload["rtol"])
-        worst = max(worst, diff)
+        status, why, diff, rel = _compare(out, expected, payload["tolerance"])
+        worst, worst_rel = max(worst, diff), max(worst_rel, rel)
         if status == "rejected":
-            return run.rejected(why), worst
+            return run.rejected(why), worst, worst_rel
         if status:
-            return {"incorrect": f"trial {trial + 1} of {payload['correct_trials']}: {why}",
-                    "max_abs_diff": diff, "times": run.times}, worst
+            return {"incorrect": f"trial {trial + 1} of {payload['correct_trials']}: {why}", "trial": trial,
+                    "max_abs_diff": diff, "max_rel_diff": rel, "times": run.times}, worst, worst_rel
         if defend and changed(inputs, args) and not changed(inputs, ref_args):
-            return run.rejected("[modifies-inputs] the candidate changed its input tensors in place"), worst
-        if again is not None and _compare(again, out, payload["atol"], payload["rtol"])[0]:
-            return run.rejected("[nondeterministic] two runs on the same inputs disagree "
-                                "(a race, or memory read before it is written)"), worst
-        del out, again, expected, inputs, args, ref_args
-    return None, worst
+            return run.rejected("[modifies-inputs] the candidate changed its input tensors in place"), worst, worst_rel
+        del out, expected, inputs, args, ref_args
+    return None, worst, worst_rel
+
+
+def copy_parameters(source, target) -> int:
+    """Copy source's parameters and buffers into target's where a shape occurs once on each side; how many."""
+    def by_shape(module) -> dict[tuple, list[torch.Tensor]]:
+        groups = collections.defaultdict(list)
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            groups[tuple(tensor.shape)].append(tensor)
+        return groups
+    theirs, ours = by_shape(source), by_shape(target)
+    pairs = [(theirs[shape][0], mine[0]) for shape, mine in ours.items() if len(mine) == 1 and len(theirs[shape]) == 1]
+    with torch.no_grad():
+        for value, tensor in pairs:
+            tensor.copy_(value)
+    return len(pairs)
+
+
+def passes_with_reference_parameters(run: RunChild, model, reference, trial: int) -> bool:
+    """Whether the failing trial passes once the reference's parameters are copied into the candidate: then its
+    kernel is right and its weights are not (made with other init calls, or in another order)."""
+    if not copy_parameters(reference, model):
+        return False
+    inputs = run.make_inputs(run.payload["seed"] + 1 + trial)
+    try:
+        out = run.run_candidate(model, inputs)[0]
+    except Exception:
+        return False
+    return _compare(out, reference(*clone(inputs)), run.payload["tolerance"])[0] is None
 
 
 def check_own_kernel_share(run: RunChild, model, inputs: list, reference_seen) -> tuple[dict | None, float | None]:
@@ -310,7 +424,7 @@ def time_models(run: RunChild, models: dict, timing_inputs: list) -> tuple[dict 
             ms, outputs[name] = timed(fn, clone(args) if defend else args)
             samples[name].append(ms)
         checked = defend and (trial in (0, payload["timing_trials"] - 1) or spot_check.random() < 0.25)
-        if checked and _compare(outputs["candidate"], outputs["reference"], payload["atol"], payload["rtol"])[0]:
+        if checked and _compare(outputs["candidate"], outputs["reference"], payload["tolerance"])[0]:
             return run.rejected(f"[changed-during-timing] timed run {trial + 1} returned a wrong result "
                                 "after the correctness trials had passed"), samples
         del outputs
@@ -325,9 +439,9 @@ def _run(payload: dict) -> dict:
 
     Defences, each named in the feedback when it fires: the candidate runs before the reference on its
     own clone of fresh inputs, into memory poisoned with NaN; its inputs must come back unchanged; it
-    runs twice on the first input set and must agree with itself; its own kernels must do the work
-    (profiler); every timed output is checked too; the timer and the checks must still be the ones
-    this process started with."""
+    runs 1 + repeat_runs times on the first input set and must agree with itself far tighter than with the
+    reference; its own kernels must do the work (profiler); every timed output is checked too; the timer and
+    the checks must still be the ones this process started with."""
     start = time.perf_counter()
     run = RunChild(payload)
     torch.manual_seed(payload["seed"])
@@ -349,11 +463,15 @@ def _run(payload: dict) -> dict:
         model = candidate.ModelNew(*run.init_inputs).to(run.device).eval()
     except Exception as e:  # a candidate whose constructor fails is a runtime error, not a harness error
         return {"stage": "init", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    if payload["copy_parameters"]:
+        copy_parameters(reference, model)
     run.times["load"] = time.perf_counter() - start
 
     start = time.perf_counter()
     with torch.no_grad():
-        failed, worst = check_correctness(run, model, reference)
+        failed, worst, worst_rel = check_correctness(run, model, reference)
+        if failed and "incorrect" in failed and not payload["copy_parameters"]:
+            failed["weights_differ"] = passes_with_reference_parameters(run, model, reference, failed["trial"])
     if failed:
         return failed
     run.times["correctness"] = time.perf_counter() - start
@@ -381,7 +499,8 @@ def _run(payload: dict) -> dict:
     if broken := tamper.broken():
         return run.rejected(broken)
     medians = {name: sorted(s)[len(s) // 2] for name, s in samples.items()}
-    return {"medians": medians, "trials": len(samples["candidate"]), "max_abs_diff": worst, "times": run.times,
+    return {"medians": medians, "trials": len(samples["candidate"]), "max_abs_diff": worst,
+            "max_rel_diff": worst_rel, "times": run.times,
             "own_kernel_share": share, "cpu_share": cpu_share}
 
 
@@ -411,28 +530,35 @@ def speedup(reference_ms: float, candidate_ms: float) -> float:
 def make_result(status: str, feedback: str, **fields) -> dict:
     result = {"status": status, "compiled": status in ("runtime_error", "incorrect", "correct"),
               "correct": status == "correct", "runtime_ms": None, "ref_runtime_ms": None, "speedup": None,
-              "max_abs_diff": None, "feedback": feedback, "time_s": {}}
+              "max_abs_diff": None, "max_rel_diff": None, "feedback": feedback, "time_s": {}}
     result.update(fields)
     return result
 
 
-def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s: float) -> dict:
+WEIGHTS_DIFFER = (" With the reference's parameters copied into ModelNew, the same inputs give the right output: "
+                  "your kernel is right, your weights are not. Create each parameter as the reference's layer does "
+                  "(the same shape, the same init calls, in the same order), so that after the same seed they match.")
+
+
+def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s: float,
+                   rules: str = "kevin") -> dict:
     """Turn what a build or run child sent back into an eval record with the text the model reads."""
     if outcome.get("timeout"):
         return make_result("timeout", f"Timeout: the kernel did not finish within {timeout_s:.0f} s "
                            "(an infinite loop, a deadlock, or far too slow).")
     if outcome.get("signal") == signal.SIGSYS:
-        return make_result("rejected", f"Rejected by the rules:\n- {SANDBOX_RULE}", compiled=True)
+        return make_result("rejected", rejection(rules, [SANDBOX_RULE]), compiled=True)
     if "crash" in outcome:
         log = first_lines("\n".join(ln for ln in outcome.get("log", "").splitlines()
                                      if re.search(r"error|Error|fault|abort|Abort", ln)))
         return make_result("runtime_error", f"Runtime error: {outcome['crash']}." + (f"\n{log}" if log else ""))
     if "rejected" in outcome:
-        return make_result("rejected", f"Rejected by the rules:\n- {outcome['rejected']}", time_s=outcome["times"],
+        return make_result("rejected", rejection(rules, [outcome["rejected"]]), time_s=outcome["times"],
                            compiled=True)  # built and ran, then caught at run time
     if "incorrect" in outcome:
-        return make_result("incorrect", f"Incorrect output: {outcome['incorrect']}.",
-                           max_abs_diff=outcome["max_abs_diff"], time_s=outcome["times"])
+        return make_result("incorrect", f"Incorrect output: {outcome['incorrect']}." + (
+            WEIGHTS_DIFFER if outcome.get("weights_differ") else ""), max_abs_diff=outcome["max_abs_diff"],
+            max_rel_diff=outcome.get("max_rel_diff"), time_s=outcome["times"])
     if "error" in outcome:
         frames = last_frames(outcome.get("traceback", ""), candidate_path)
         message = first_lines(outcome["error"])
@@ -449,6 +575,7 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
         f"Correct. Your kernel runs in {cand:.4g} ms against {ref:.4g} ms for the PyTorch reference: "
         f"a speedup of {ratio:.2f}x. It can be made faster.",
         runtime_ms=cand, ref_runtime_ms=ref, speedup=ratio, max_abs_diff=outcome["max_abs_diff"],
+        max_rel_diff=outcome.get("max_rel_diff"),
         time_s=outcome["times"], timing_trials=outcome["trials"], own_kernel_share=outcome["own_kernel_share"],
         timing_cpu_share=outcome["cpu_share"], busy=outcome["cpu_share"] is not None and outcome["cpu_share"] < BUSY,
         **extra)
@@ -488,22 +615,37 @@ def _number(value) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
 
 
+# The least own-kernel share under the kernelbench rules: any at all, i.e. your kernels must run.
+KERNELS_MUST_RUN = 1e-9
+
+
+def own_kernel_share_needed(cfg: EvalConfig) -> float:
+    """The share the profiler holds the candidate to: --min-own-kernel-share under kevin; under kernelbench, whose
+    candidates may leave the heavy op to PyTorch, only that its kernels run (unless the check is off)."""
+    if cfg.rules == "kevin" or cfg.min_own_kernel_share == 0:
+        return cfg.min_own_kernel_share
+    return KERNELS_MUST_RUN
+
+
 def _run_payload(cfg: EvalConfig, task_path: str, candidate: str, kernels: list[str], device: str) -> dict:
     """What a run child gets: the files, the device and every setting of the check and the timing."""
     return {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
-            "correct_trials": cfg.correct_trials, "atol": cfg.atol, "rtol": cfg.rtol,
+            "correct_trials": cfg.correct_trials, "tolerance": tolerances(cfg),
             "timing_trials": cfg.timing_trials, "timing_budget_s": cfg.timing_budget_s,
             "warmup": cfg.warmup, "compile_baseline": cfg.compile_baseline,
-            "min_own_kernel_share": cfg.min_own_kernel_share, "poison_bytes": cfg.poison_bytes,
-            "defences": cfg.defences, "cpu_threads": cfg.cpu_threads, "kernel_names": kernels}
+            "min_own_kernel_share": own_kernel_share_needed(cfg), "poison_bytes": cfg.poison_bytes,
+            "defences": cfg.defences, "cpu_threads": cfg.cpu_threads, "kernel_names": kernels,
+            "repeat_runs": cfg.repeat_runs, "repeat_tolerance": cfg.repeat_tolerance,
+            "copy_parameters": cfg.copy_parameters}
 
 
-def _build_failure(outcome: dict, candidate: str, build_root: str, timeout_s: float, seconds: float) -> dict:
+def _build_failure(outcome: dict, candidate: str, build_root: str, timeout_s: float, seconds: float,
+                   rules: str) -> dict:
     """The result of a candidate whose build child timed out, crashed or raised."""
     if outcome.get("timeout"):
         return make_result("timeout", f"Timeout: building took longer than {timeout_s:.0f} s.")
     if outcome.get("signal") == signal.SIGSYS:
-        return make_result("rejected", f"Rejected by the rules:\n- {SANDBOX_RULE}")
+        return make_result("rejected", rejection(rules, [SANDBOX_RULE]))
     message = outcome.get("error") or outcome["crash"] + "\n" + outcome.get("log", "")
     if "Error building extension" in message:
         message = "Compilation failed:\n" + trim_compiler_output(message, build_root)
@@ -596,7 +738,7 @@ class _Evaluation:
             if self.stopping:
                 return
             for i in indices:
-                self.results[i] = dict(result, time_s=dict(result["time_s"]))
+                self.results[i] = dict(result, time_s=dict(result["time_s"]), rules=self.cfg.rules)
                 if self.on_result:
                     self.on_result(i, self.results[i])
             if self.progress:
@@ -617,7 +759,7 @@ class _Evaluation:
                 self.finish([i], make_result("format_error", "Format error: the reply has no complete fenced "
                                              "code block with the solution (```python ... ```)."), started)
                 continue
-            verdict = static_check(code, self.kind)
+            verdict = static_check(code, self.kind, self.cfg.rules)
             if verdict:
                 self.finish([i], make_result(*verdict), started)
                 continue
@@ -663,7 +805,7 @@ class _Evaluation:
             return
         self.fewer_to_run()  # it will not reach a device
         self.finish(indices, _build_failure(outcome, candidate, self.build_root, self.cfg.compile_timeout_s,
-                                            time.perf_counter() - started), started)
+                                            time.perf_counter() - started, self.cfg.rules), started)
 
     def feed_device(self, device: str, workdir: str, candidates: int) -> None:
         """Run built candidates on one device until the queue says stop. Each gets a fresh child, set up
@@ -684,7 +826,7 @@ class _Evaluation:
                                    self.cfg.run_timeout_s, serve=self.cache.request)
             try:
                 result = build_feedback(outcome, build_root=self.build_root, candidate_path=candidate,
-                                        timeout_s=self.cfg.run_timeout_s)
+                                        timeout_s=self.cfg.run_timeout_s, rules=self.cfg.rules)
                 times = {k: round(v, 3) for k, v in result["time_s"].items()}
             except (KeyError, TypeError, ValueError, AttributeError):  # the child is the candidate's: it may lie
                 result, times = make_result("runtime_error", "Runtime error: the checking child's answer is "

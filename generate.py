@@ -67,8 +67,8 @@ Rules:
 - Do the computation in raw CUDA kernels that you write yourself and build with \
 `torch.utils.cpp_extension.load_inline` (kernels and their launchers in `cuda_sources`, declarations in \
 `cpp_sources`, exported names in `functions`).
-- Do not use torch.nn modules, torch.nn.functional or any other PyTorch operator for the computation. \
-From torch.nn only Parameter, containers (Module, ModuleList, ParameterList, ...) and init are allowed.
+{torch_rule}
+{parameters_rule}
 - Do not write try/except or `pass`.
 - Reply with the complete code in one fenced ```python block, and end your reply with a few sentences \
 summarising the changes you made.""",
@@ -80,12 +80,25 @@ Rules:
 - Do the computation in C++ loops that you write yourself and build with \
 `torch.utils.cpp_extension.load_inline`, passing `cpp_sources` only (no `cuda_sources`) and the exported \
 names in `functions`. Inside C++, only allocate outputs (e.g. `torch::empty_like`) and read raw pointers.
-- Do not use torch.nn modules, torch.nn.functional or any other PyTorch operator for the computation. \
-From torch.nn only Parameter, containers (Module, ModuleList, ParameterList, ...) and init are allowed.
+{torch_rule}
+{parameters_rule}
 - Do not write try/except or `pass`.
 - Reply with the complete code in one fenced ```python block, and end your reply with a few sentences \
 summarising the changes you made.""",
 }
+
+# What PyTorch a solution may use, per rule profile (evaluate.py's --rules).
+TORCH_RULE = {
+    "kevin": "- Do not use torch.nn modules, torch.nn.functional or any other PyTorch operator for the computation. "
+             "From torch.nn only Parameter, containers (Module, ModuleList, ParameterList, ...) and init are allowed.",
+    "kernelbench": "- You may keep PyTorch operators and torch.nn layers for the parts you do not replace, but your "
+                   "own kernels must do the rest and must run in `forward`.",
+}
+PARAMETERS_RULE = (
+    "- The same seed is set before building `Model` and before building `ModelNew`. Where you replace a torch.nn "
+    "layer, create its parameters with the same shapes and the same init calls, in the same order, as the layer "
+    "does (nn.Linear: weight (out, in) with init.kaiming_uniform_(a=math.sqrt(5)), then bias with "
+    "init.uniform_(-1/math.sqrt(in), 1/math.sqrt(in))), so that they match.")
 
 EXAMPLE_MODEL = '''\
 import torch
@@ -219,10 +232,12 @@ NEXT_REQUEST = (
 
 
 # ---------------------------------------------------------------- prompts
-def render_prompt(source: str, attempts: list[dict], first_turn: bool, device: str) -> list[dict]:
-    """The user message of one turn; `attempts` are earlier turn records (code, summary, eval)."""
+def render_prompt(source: str, attempts: list[dict], first_turn: bool, device: str,
+                  rules: str = "kevin") -> list[dict]:
+    """The user message of one turn; `attempts` are earlier turn records (code, summary, eval); `rules`, the rule
+    profile that judges (evaluate.py's --rules)."""
     kind = "cpu" if device == "cpu" else "cuda"
-    parts = [RULES[kind]]
+    parts = [RULES[kind].format(torch_rule=TORCH_RULE[rules], parameters_rule=PARAMETERS_RULE)]
     if first_turn:
         parts.append(EXAMPLE.format(model=EXAMPLE_MODEL, solution=EXAMPLE_SOLUTION[kind], summary=EXAMPLE_SUMMARY))
     parts.append(TASK.format(source=source if source.endswith("\n") else source + "\n"))
@@ -239,11 +254,12 @@ def render_prompt(source: str, attempts: list[dict], first_turn: bool, device: s
     return [{"role": "user", "content": "\n\n".join(parts)}]
 
 
-def fit_prompt(source: str, history: list[dict], device: str, budget: int, count_tokens) -> list[dict]:
+def fit_prompt(source: str, history: list[dict], device: str, budget: int, count_tokens,
+               rules: str = "kevin") -> list[dict]:
     """The prompt with as many of the latest attempts as fit in `budget` tokens (earliest dropped first)."""
     first_turn = not history
     for start in range(len(history) + 1):
-        messages = render_prompt(source, history[start:], first_turn, device)
+        messages = render_prompt(source, history[start:], first_turn, device, rules)
         if count_tokens(messages) <= budget:
             return messages
     return messages  # even without attempts it is too long: send it anyway, the task must be shown
@@ -512,8 +528,8 @@ def run_turn(records: list[dict], tasks: list[Task], backend, eval_config: EvalC
     `device` picks the kernel language the prompt asks for (cpu: C++); a reply's sampling seed comes from
     `seed`, its task, trajectory and turn."""
     turn = len(records[0]["turns"]) + 1  # turns are numbered from 1
-    prompts = [fit_prompt(task.source, record["turns"], device, context_budget, backend.count_tokens)
-               for task, record in zip(tasks, records)]
+    prompts = [fit_prompt(task.source, record["turns"], device, context_budget, backend.count_tokens,
+                          eval_config.rules) for task, record in zip(tasks, records)]
     seeds = [zlib.crc32(f"{seed}/{r['task']}/{r['trajectory']}/{turn - 1}".encode()) for r in records]
     replies = backend.generate(prompts, seeds)
     parsed = [parse_reply(reply.text) for reply in replies]
@@ -631,6 +647,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="where candidates are evaluated; cpu asks for C++ kernels instead of CUDA; auto: cuda "
                         "when a GPU is visible")
     p.add_argument("--gpus", default=None, help="comma-separated GPU ids for evaluation (default: all visible)")
+    p.add_argument("--rules", choices=list(TORCH_RULE), default=EvalConfig.rules,
+                   help="which rules judge, and so what the prompt allows: kevin (the paper's: no PyTorch ops or "
+                        "torch.nn layers) or kernelbench (KernelBench's: PyTorch allowed for what is not replaced)")
     args = p.parse_args(argv)
     for flag in ("n_trajectories", "turns", "max_tokens", "context_budget", "concurrency", "tensor_parallel_size"):
         if getattr(args, flag) < 1:
@@ -655,7 +674,7 @@ def kernel_device(args: argparse.Namespace) -> str:
 
 def roll_out(todo: list[tuple[Task, int]], backend, args: argparse.Namespace, device: str):
     """Yield the finished trajectory records of each group of --tasks-per-batch tasks, all turns done."""
-    eval_config = EvalConfig(device=device, gpus=args.gpus)
+    eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules)
     size = (args.tasks_per_batch or len(todo)) * args.n_trajectories
     groups = [todo[i:i + size] for i in range(0, len(todo), size)]
     with tqdm(total=len(groups) * args.turns, desc="rollouts", unit="turn", file=sys.stderr) as progress:

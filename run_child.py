@@ -109,6 +109,26 @@ def probe(out) -> list:
     return probes
 
 
+# One product of the busy work beside a repeated run: 17 GFLOP, ~0.35 ms in fp32 on an H100 or H200.
+BUSY_SIZE = 2048
+BUSY_PRODUCT_MS = 0.35
+
+
+def busy_side_stream(device: torch.device, ms: float) -> list:
+    """Queue about `ms` of matrix products (at most 200) on a new stream, to run beside whatever the current
+    stream does next: the SMs a kernel's blocks would have had are taken and given back at other moments, so
+    its blocks and warps are scheduled differently than when it ran alone, and a race lands elsewhere. The
+    tensors to keep alive until the device is synchronised are returned."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # after the poison and the clones, not beside them
+    with torch.cuda.stream(stream):
+        a = torch.full((BUSY_SIZE, BUSY_SIZE), 1e-3, device=device)  # no draws: the seeded generator is left alone
+        product = torch.empty_like(a)
+        for _ in range(max(1, min(200, round(ms / BUSY_PRODUCT_MS)))):
+            torch.mm(a, a, out=product)
+    return [stream, a, product]
+
+
 class RunChild:
     """What the checks and the timing share inside one run child: the payload, the device, the task, and
     the seconds each step took. Its methods are trusted objects too (`trusted_objects`)."""
@@ -146,17 +166,20 @@ class RunChild:
             free = torch.cuda.mem_get_info(self.device)[0]
             torch.empty(min(free // 2, self.payload["poison_bytes"]) // 4, device=self.device).fill_(float("nan"))
 
-    def run_candidate(self, model, inputs: list):
+    def run_candidate(self, model, inputs: list, busy_ms: float = 0.0):
         """The candidate's output, its (possibly modified) arguments, and whether the output was still
-        being written by work not ordered before the current stream when forward returned."""
+        being written by work not ordered before the current stream when forward returned; with `busy_ms`,
+        beside about that long of other work on the GPU (`busy_side_stream`)."""
         self.poison()
         args = clone(inputs) if self.defend else inputs
+        busy = busy_side_stream(self.device, busy_ms) if self.cuda and busy_ms else None
         out = model(*args)
         if not self.defend:
             self.sync()
             return out, args, False
         early = probe(out)
         self.sync()  # device-wide: work left on a side stream finishes now
+        del busy
         unsynchronized = any(not identical(a, b) for a, b in zip(early, probe(out)))
         return out, args, unsynchronized
 

@@ -199,7 +199,7 @@ def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path:
         return done
     device = generate.kernel_device(args)
     backend = generate.make_backend(args)
-    eval_config = EvalConfig(device=device, gpus=args.gpus)
+    eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules)
     path.parent.mkdir(parents=True, exist_ok=True)
     for task in todo:
         def step(states: list[dict]) -> list[dict]:

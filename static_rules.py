@@ -1,13 +1,17 @@
-"""The candidate's source, read without running it: the code block of a reply, and the paper's static rules.
+"""The candidate's source, read without running it: the code block of a reply, and the static rules.
 
 Cheap and done first, so that a reply with no code, or code that breaks a rule (try/except, `pass`, torch.nn
 layers or functional, torch compute ops, threads, introspection, subclassing the reference, no native
-kernel), costs no build. `kernel_names` also tells the profiler which kernels are the candidate's own.
+kernel), costs no build. Two profiles: the paper's (kevin) and KernelBench's, which allows PyTorch ops and
+torch.nn layers. `kernel_names` also tells the profiler which kernels are the candidate's own.
 """
 from __future__ import annotations
 
 import ast
 import re
+
+# The rule profiles (--rules), and how the feedback names the one that judged.
+RULES = {"kevin": "Kevin's rules (the paper's)", "kernelbench": "KernelBench's rules"}
 
 FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
@@ -66,8 +70,18 @@ def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
     return ".".join([aliases[node.id], *reversed(parts)])
 
 
-def static_check(code: str, device: str) -> tuple[str, str] | None:
-    """(status, feedback) if the source breaks a rule, else None. Cheap: no import, no build."""
+def rejection(rules: str, reasons: list[str]) -> str:
+    """The feedback of a rejection: the rules that judged, then each rule broken."""
+    return f"Rejected by {RULES[rules]}:\n" + "\n".join(f"- {r}" for r in reasons)
+
+
+# Rules that only the paper's profile has: KernelBench lets PyTorch do what the candidate's kernels do not.
+KEVIN_ONLY = ("[torch-op]", "[torch-functional]", "[torch-nn-layer]")
+
+
+def static_check(code: str, device: str, rules: str = "kevin") -> tuple[str, str] | None:
+    """(status, feedback) if the source breaks a rule of `rules` (kevin or kernelbench), else None. Cheap: no
+    import, no build."""
     try:
         tree = ast.parse(code)
     except SyntaxError as e:
@@ -130,7 +144,8 @@ def static_check(code: str, device: str) -> tuple[str, str] | None:
         violations.append("[no-kernel] no native kernel: build one with torch.utils.cpp_extension.load_inline")
     elif device == "cuda" and not kernel_names(code):
         violations.append("[no-kernel] no CUDA kernel: cuda_sources must define a __global__ kernel")
+    if rules == "kernelbench":
+        violations = [v for v in violations if not v.startswith(KEVIN_ONLY)]
     if violations:
-        unique = list(dict.fromkeys(violations))
-        return "rejected", "Rejected by the rules:\n" + "\n".join(f"- {v}" for v in unique[:10])
+        return "rejected", rejection(rules, list(dict.fromkeys(violations))[:10])
     return None

@@ -71,7 +71,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import reward
 from batching import Sample, collate, put_logprob_head, reply_logprobs
 from evaluate import EvalConfig
-from generate import HFBackend, Task, check_model, check_vllm, load_tasks, run_turn
+from generate import TORCH_RULE, HFBackend, Task, check_model, check_vllm, load_tasks, run_turn
 from tiny_model import build_tiny_model
 from vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 
@@ -377,6 +377,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="vllm: share of GPU memory (of host memory on a CPU build) the engine takes")
     p.add_argument("--eval-device", choices=["cuda", "cpu"], default=None,
                    help="where kernels are evaluated; cpu asks for C++ kernels (default: cuda with a GPU, cpu without)")
+    p.add_argument("--rules", choices=list(TORCH_RULE), default=EvalConfig.rules,
+                   help="which rules judge the kernels, and so what the prompt allows: kevin (the paper's) or "
+                        "kernelbench (KernelBench's: PyTorch allowed for what is not replaced)")
     p.add_argument("--rollouts", default=None,
                    help="offline: update from this trajectory JSONL instead of rolling out; turns without an "
                         "advantage get reward.py's; one step per --tasks-per-step tasks of the file")
@@ -570,7 +573,8 @@ def setup(args: argparse.Namespace) -> Run:
         backend = ServedEngine(args.base_url, tokenizer, args.temperature, args.max_tokens, dtype,
                                Path(args.output_dir) / "weights", accelerator.is_main_process)
     eval_config = EvalConfig(device=args.eval_device, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
-                             compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False)
+                             compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False,
+                             rules=args.rules)
     return Run(accelerator, model, optimizer, tokenizer,
                tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
                ref_model, backend, eval_config, accumulation, len(plan) if plan else args.steps, plan, tasks,

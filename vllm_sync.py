@@ -36,8 +36,9 @@ LORA_PART = re.compile(r"^(.*)\.(base_layer|lora_A\.default|lora_B\.default)\.we
 
 # ---------------------------------------------------------------- the policy's weights
 def policy_weights(accelerator, model) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) in the checkpoint's names, one at a time: every rank must read all of them, in
-    order, since gathering a sharded tensor is a collective. A tied lm_head is left out (vLLM ties it)."""
+    """(name, full tensor) in the checkpoint's names, one at a time (none is kept here once the reader moves
+    on, so only the reader decides how many are whole at once): every rank must read all of them, in order,
+    since gathering a sharded tensor is a collective. A tied lm_head is left out (vLLM ties it)."""
     policy = accelerator.unwrap_model(model)
     config = policy.config
     weights = gathered(accelerator, policy)
@@ -47,6 +48,7 @@ def policy_weights(accelerator, model) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in weights:
         if not (config.tie_word_embeddings and name == "lm_head.weight"):
             yield name, tensor
+        del tensor  # else it would still be held while the next one is gathered
 
 
 def gathered(accelerator, policy) -> Iterator[tuple[str, torch.Tensor]]:
@@ -56,8 +58,7 @@ def gathered(accelerator, policy) -> Iterator[tuple[str, torch.Tensor]]:
         import deepspeed
 
         for name, parameter in policy.named_parameters():
-            with deepspeed.zero.GatheredParameters([parameter]):
-                yield name, parameter.detach().clone()
+            yield name, zero3_copy(deepspeed, parameter)  # released before the reader takes it
         return
     for name, tensor in policy.state_dict().items():
         yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
@@ -72,16 +73,26 @@ def merged_lora(weights: Iterator[tuple[str, torch.Tensor]], scaling: float) -> 
         part = LORA_PART.match(name)
         if part is None:
             yield name.replace(".base_layer.", "."), tensor
+            del tensor  # else it would still be held while the next one is gathered
             continue
         module, kind = part.groups()
-        parts = pending.setdefault(module, {})
-        parts[kind.split(".")[0]] = tensor
-        if len(parts) == 3:
-            base, a, b = parts["base_layer"], parts["lora_A"], parts["lora_B"]
-            del pending[module]
-            yield f"{module}.weight", (base.float() + scaling * (b.float() @ a.float())).to(base.dtype)
+        pending.setdefault(module, {})[kind.split(".")[0]] = tensor
+        del tensor
+        if len(pending[module]) == 3:
+            yield f"{module}.weight", lora_merge(**pending.pop(module), scaling=scaling)
     if pending:
         raise ValueError(f"LoRA modules without all of base, A and B: {sorted(pending)}")
+
+
+def lora_merge(base_layer: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor, scaling: float) -> torch.Tensor:
+    """W + scaling * B @ A in float32, cast back; its own function so that W is not held past it."""
+    return (base_layer.float() + scaling * (lora_B.float() @ lora_A.float())).to(base_layer.dtype)
+
+
+def zero3_copy(deepspeed, parameter: torch.nn.Parameter) -> torch.Tensor:
+    """A ZeRO-3 parameter whole: gathered, copied, and the gathered one released again."""
+    with deepspeed.zero.GatheredParameters([parameter]):
+        return parameter.detach().clone()
 
 
 class WorkerWeights:
