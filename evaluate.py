@@ -244,35 +244,36 @@ def _compare(candidate, reference, tolerance: dict[str, list[float]]) -> tuple[s
 
     What a correct but clumsy kernel gets wrong is `incorrect`; an output that could only pass by
     gaming the check (a tensor subclass, no storage, NaN where the reference is finite) is `rejected`."""
+    def mismatch(status: str, why: str) -> tuple[str, str, float, float]:
+        return status, why, math.inf, math.inf
+
     cand, ref = flatten_outputs(candidate), flatten_outputs(reference)
     if len(cand) != len(ref):
-        return "incorrect", f"expected {len(ref)} outputs, got {len(cand)}", math.inf, math.inf
+        return mismatch("incorrect", f"expected {len(ref)} outputs, got {len(cand)}")
     worst = worst_rel = 0.0
     for i, (c, r) in enumerate(zip(cand, ref)):
         where = f"output {i}: " if len(ref) > 1 else ""
         if not isinstance(r, torch.Tensor):
             r = torch.as_tensor(r, device=c.device if isinstance(c, torch.Tensor) else None)
         if not isinstance(c, torch.Tensor):
-            return "incorrect", f"{where}expected a tensor, got {type(c).__name__}", math.inf, math.inf
+            return mismatch("incorrect", f"{where}expected a tensor, got {type(c).__name__}")
         if type(c) is not torch.Tensor or c.layout != torch.strided:
-            return "rejected", f"[not-plain-tensor] {where}the output is a {type(c).__name__} ({c.layout}), " \
-                               "not a plain dense torch.Tensor", math.inf, math.inf
+            return mismatch("rejected", f"[not-plain-tensor] {where}the output is a {type(c).__name__} "
+                                        f"({c.layout}), not a plain dense torch.Tensor")
         if c.device != r.device:
-            return "rejected", f"[not-plain-tensor] {where}the output is on {c.device}, not {r.device}", \
-                math.inf, math.inf
+            return mismatch("rejected", f"[not-plain-tensor] {where}the output is on {c.device}, not {r.device}")
         if c.numel() and c.untyped_storage().data_ptr() == 0:
-            return "rejected", f"[not-plain-tensor] {where}the output has no storage", math.inf, math.inf
+            return mismatch("rejected", f"[not-plain-tensor] {where}the output has no storage")
         if c.shape != r.shape:
-            return "incorrect", f"{where}shape mismatch: expected {tuple(r.shape)}, got {tuple(c.shape)}", \
-                math.inf, math.inf
+            return mismatch("incorrect", f"{where}shape mismatch: expected {tuple(r.shape)}, got {tuple(c.shape)}")
         if c.dtype != r.dtype:
-            return "incorrect", f"{where}dtype mismatch: expected {r.dtype}, got {c.dtype}", math.inf, math.inf
+            return mismatch("incorrect", f"{where}dtype mismatch: expected {r.dtype}, got {c.dtype}")
         atol, rtol = tolerance.get(str(r.dtype).removeprefix("torch."), tolerance["other"])
         c, r = c.detach().double(), r.detach().double()
         bad = ~torch.isfinite(c) & torch.isfinite(r)
         if bad.any():
-            return "rejected", f"[nan-output] {where}{int(bad.sum())} NaN/Inf values where the reference is " \
-                               "finite (unwritten output memory reads as NaN here)", math.inf, math.inf
+            return mismatch("rejected", f"[nan-output] {where}{int(bad.sum())} NaN/Inf values where the reference "
+                                        "is finite (unwritten output memory reads as NaN here)")
         finite = torch.isfinite(r)
         diff = (c - r).abs()[finite]
         relative = diff / r.abs()[finite].clamp_min(max(atol, 1e-30))

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from evaluate import RULES as RULE_PROFILES
 from evaluate import FENCE, EvalConfig, evaluate, extract_code, load_tasks as index_tasks, resolve_device
 from tiny_model import build_tiny_model
 
@@ -647,7 +648,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="where candidates are evaluated; cpu asks for C++ kernels instead of CUDA; auto: cuda "
                         "when a GPU is visible")
     p.add_argument("--gpus", default=None, help="comma-separated GPU ids for evaluation (default: all visible)")
-    p.add_argument("--rules", choices=list(TORCH_RULE), default=EvalConfig.rules,
+    p.add_argument("--rules", choices=list(RULE_PROFILES), default=EvalConfig.rules,
                    help="which rules judge, and so what the prompt allows: kevin (the paper's: no PyTorch ops or "
                         "torch.nn layers) or kernelbench (KernelBench's: PyTorch allowed for what is not replaced)")
     args = p.parse_args(argv)

@@ -70,8 +70,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import reward
 from batching import Sample, collate, put_logprob_head, reply_logprobs
-from evaluate import EvalConfig
-from generate import TORCH_RULE, HFBackend, Task, check_model, check_vllm, load_tasks, run_turn
+from evaluate import RULES as RULE_PROFILES, EvalConfig
+from generate import HFBackend, Task, check_model, check_vllm, load_tasks, run_turn
 from tiny_model import build_tiny_model
 from vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 
@@ -377,7 +377,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="vllm: share of GPU memory (of host memory on a CPU build) the engine takes")
     p.add_argument("--eval-device", choices=["cuda", "cpu"], default=None,
                    help="where kernels are evaluated; cpu asks for C++ kernels (default: cuda with a GPU, cpu without)")
-    p.add_argument("--rules", choices=list(TORCH_RULE), default=EvalConfig.rules,
+    p.add_argument("--rules", choices=list(RULE_PROFILES), default=EvalConfig.rules,
                    help="which rules judge the kernels, and so what the prompt allows: kevin (the paper's) or "
                         "kernelbench (KernelBench's: PyTorch allowed for what is not replaced)")
     p.add_argument("--rollouts", default=None,
