@@ -3,10 +3,10 @@ warm_start.py (supervised) and train.py (GRPO) share, so that both see the same 
 that generation did; and the output layer that train.py puts in the policy so that a 16K-token reply's
 vocabulary-sized logits never exist at once."""
 
+import functools
 from dataclasses import dataclass
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -70,12 +70,12 @@ def reply_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 class LogprobHead(torch.nn.Module):
     """The policy's output layer, in place of its lm_head. While `scoring` is set, the model's forward gives,
     in place of logits, the log-prob of each target token and the entropy at its position (batch, width, 2),
-    computed for `chunk` reply tokens at a time; backward recomputes a chunk's logits instead of keeping them
-    (torch's checkpoint). So the loss holds about chunk x vocabulary x 12 bytes of logits whatever the reply
-    length, not (batch x width x vocabulary) of them and as much again for their gradient. Otherwise it is the
-    plain linear layer (generation). It holds lm_head's own parameters under their names, so checkpoints,
-    tied embeddings, LoRA and sharding (FSDP, ZeRO-3 gather a module's own parameters for its forward) see
-    the lm_head they know."""
+    from `chunk` reply tokens' logits at a time (ChunkedScores): whatever the reply length, the loss holds one
+    chunk's logits (chunk x vocabulary x 2 bytes in bf16 on a GPU, about 8 in eager fp32 on a CPU), never
+    (batch x width x vocabulary) of them and as much again for their gradient. Otherwise it is the plain
+    linear layer (generation). It holds lm_head's own parameters under their names, so checkpoints, tied
+    embeddings, LoRA and sharding (FSDP, ZeRO-3 gather a module's own parameters for its forward and
+    backward) see the lm_head they know."""
 
     def __init__(self, lm_head: torch.nn.Linear, chunk: int):
         super().__init__()
@@ -86,20 +86,114 @@ class LogprobHead(torch.nn.Module):
         if self.scoring is None:
             return torch.nn.functional.linear(hidden, self.weight, self.bias)
         targets, mask, temperature = self.scoring
-        rows, picked = hidden[:, :-1][mask], targets[mask]  # reply positions only: padding costs nothing
-        parts = [checkpoint(self._score, rows[i:i + self.chunk], picked[i:i + self.chunk], temperature,
-                            use_reentrant=False)
-                 for i in range(0, len(rows), self.chunk) or [0]]  # one empty chunk keeps the weight in the graph
+        # reply positions only: padding and prompts cost nothing
+        picked = ChunkedScores.apply(hidden[:, :-1][mask], self.weight, self.bias, targets[mask], temperature,
+                                     self.chunk)
         scores = torch.zeros((*targets.shape, 2), device=hidden.device)
-        scores[mask] = torch.cat(parts)
+        scores[mask] = picked
         return scores
 
-    def _score(self, rows: torch.Tensor, picked: torch.Tensor, temperature: float) -> torch.Tensor:
-        logits = torch.nn.functional.linear(rows, self.weight, self.bias)
-        logprobs = token_logprobs(logits, picked, temperature)
-        with torch.no_grad():  # last, so backward's recomputation stops before it
-            entropy = token_entropy(logits, temperature)
-        return torch.stack([logprobs, entropy], dim=-1)
+
+class ChunkedScores(torch.autograd.Function):
+    """(log-prob of each target, entropy) at a temperature, from rows of final hidden states: logits `chunk`
+    rows at a time, the matmul in the autocast dtype (as the plain layer's) and the rest in fp32, each chunk's
+    freed before the next. Backward recomputes the logits a chunk and a vocabulary tile at a time, turns them
+    into their gradient, d log p / d z = onehot - softmax (the forward's log normaliser makes a tile's softmax),
+    and sums its products in fp32. The entropy is for watching only (no gradient)."""
+
+    @staticmethod
+    def forward(ctx, rows, weight, bias, targets, temperature: float, chunk: int):
+        device = rows.device.type
+        low = rows.to(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else rows.dtype)
+        scores = torch.empty((len(rows), 2), device=rows.device)
+        log_norm = torch.empty(len(rows), device=rows.device)
+        for i in range(0, len(rows), chunk):
+            r = low[i:i + chunk]
+            logits = r.new_empty((len(r), len(weight)))
+            for start, w, b in vocabulary_tiles(weight, bias, r.dtype):
+                logits[:, start:start + len(w)] = torch.nn.functional.linear(r, w, b)
+            logprobs, entropy, log_norm[i:i + chunk] = chunk_scores(logits, targets[i:i + chunk], temperature)
+            scores[i:i + chunk] = torch.stack([logprobs, entropy], -1)
+        ctx.save_for_backward(low, weight, bias, targets, log_norm)
+        ctx.temperature, ctx.chunk, ctx.rows_dtype = temperature, chunk, rows.dtype
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        rows, weight, bias, targets, log_norm = ctx.saved_tensors
+        want_rows, want_weight, want_bias = ctx.needs_input_grad[:3]
+        grad_rows = torch.zeros(rows.shape, device=rows.device) if want_rows else None
+        grad_weight = torch.zeros(weight.shape, device=weight.device) if want_weight else None
+        grad_bias = torch.zeros(bias.shape, device=bias.device) if want_bias else None
+        for start, w, b in vocabulary_tiles(weight, bias, rows.dtype):  # each tile cast once
+            for i in range(0, len(rows), ctx.chunk):
+                r = rows[i:i + ctx.chunk]
+                grad = tile_gradient(torch.nn.functional.linear(r, w, b), targets[i:i + ctx.chunk] - start,
+                                     log_norm[i:i + ctx.chunk], grad_scores[i:i + ctx.chunk, 0], ctx.temperature)
+                if want_rows:
+                    add_product(grad_rows[i:i + ctx.chunk], grad, w)
+                if want_weight:
+                    add_product(grad_weight[start:start + len(w)], grad.t(), r)
+                if want_bias:
+                    grad_bias[start:start + len(w)] += grad.sum(0, dtype=torch.float32)
+        return (grad_rows if grad_rows is None else grad_rows.to(ctx.rows_dtype),
+                grad_weight if grad_weight is None else grad_weight.to(weight.dtype),
+                grad_bias if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+
+
+VOCABULARY_TILE = 32768  # rows of an fp32 weight cast to the matmul's dtype at once
+
+
+def vocabulary_tiles(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+    """(first row, weight rows, bias) a tile at a time in `dtype`: fp32 master weights under autocast are never
+    copied whole to bf16 (1 GB for a 7B model's output layer)."""
+    for start in range(0, len(weight), VOCABULARY_TILE):
+        yield (start, weight[start:start + VOCABULARY_TILE].to(dtype),
+               None if bias is None else bias[start:start + VOCABULARY_TILE].to(dtype))
+
+
+def compiled_on_gpu(fn):
+    """`fn` through torch.compile for GPU tensors: a kernel or two that read the bf16 logits, where eager torch
+    writes and reads fp32 copies of them at each step; eager on a CPU, where compiling takes longer than it saves."""
+    compiled = functools.cache(lambda: torch.compile(fn, dynamic=True))  # at first use: importing it takes seconds
+
+    @functools.wraps(fn)
+    def call(logits: torch.Tensor, *args):
+        return (compiled() if logits.is_cuda else fn)(logits, *args)
+    return call
+
+
+@compiled_on_gpu
+def chunk_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """(log-prob of each target, entropy, log normaliser) in fp32 at `temperature` from one chunk's logits."""
+    z = logits.float().div_(temperature)
+    log_norm = torch.logsumexp(z, -1)
+    logprobs = z.gather(-1, targets[:, None]).squeeze(-1) - log_norm
+    logp = z.sub_(log_norm[:, None])
+    return logprobs, -logp.exp().mul_(logp).sum(-1), log_norm
+
+
+@compiled_on_gpu
+def tile_gradient(logits: torch.Tensor, local_targets: torch.Tensor, log_norm: torch.Tensor,
+                  grad_logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The loss's gradient with respect to one vocabulary tile of a chunk's logits, (onehot - softmax) x grad /
+    temperature, in the logits' dtype; a target inside the tile gets 1 - p from fp32, not 1 and -p rounded apart."""
+    g = grad_logprobs[:, None] / temperature
+    p = logits.float().div_(temperature).sub_(log_norm[:, None]).exp_()
+    at = local_targets.clamp(0, logits.shape[1] - 1)[:, None]
+    inside = ((local_targets >= 0) & (local_targets < logits.shape[1]))[:, None]
+    picked = p.gather(-1, at)
+    grad = p.mul_(-g).to(logits.dtype)
+    return grad.scatter_(-1, at, (torch.where(inside, 1 - picked, -picked) * g).to(logits.dtype))
+
+
+def add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """total += a @ b into fp32 `total`, summed in fp32: bf16 products rounded before the sum over chunks and
+    tiles would make the gradient depend on the chunk size."""
+    if a.is_cuda and a.dtype != torch.float32:
+        torch.addmm(total, a, b, out_dtype=torch.float32, out=total)
+    else:
+        total.addmm_(a.float(), b.float())
 
 
 def put_logprob_head(model, chunk: int):

@@ -157,11 +157,10 @@ def grpo_loss(model, batch: dict[str, torch.Tensor], temperature: float, eps_low
             ref, _ = reply_logprobs(ref_model, batch, temperature)
         kl = kl_k3(logprobs, ref)
         token_loss = token_loss + beta * kl
-        stats["kl"] = kl.detach()[mask].sum()
+        stats["kl"] = torch.where(mask, kl.detach(), 0.0).sum()
     loss = constant_normalised_sum(token_loss, mask, constant)
-    with torch.no_grad():
-        stats.update(tokens=mask.sum(), clipped=clipped[mask].sum(),
-                     entropy=entropy[mask].sum())
+    with torch.no_grad():  # sums under the mask, not of x[mask]: that waits for the GPU to learn its size
+        stats.update(tokens=mask.sum(), clipped=(clipped & mask).sum(), entropy=torch.where(mask, entropy, 0.0).sum())
     return loss, stats, old
 
 
@@ -334,9 +333,11 @@ def resume_checkpoint(output_dir: Path, log_path: Path) -> Path | None:
 
 
 def parameter_checksum(model) -> float:
-    """Sum of squares of this rank's parameters, in float64: equal on every rank when DDP kept them in sync."""
+    """Sum of squares of this rank's parameters, in float64: equal on every rank when DDP kept them in sync.
+    Taken 16M values at a time: a float64 copy of a whole 7B model's embedding would be 4.4 GB of GPU memory."""
     with torch.no_grad():
-        return float(sum(p.detach().double().square().sum() for p in model.parameters()))
+        return float(sum(part.double().square().sum() for p in model.parameters()
+                         for part in p.detach().flatten().split(2**24)))
 
 
 # ---------------------------------------------------------------- config
@@ -348,9 +349,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train LoRA adapters of this rank (alpha = 2 x rank) on every linear layer instead of all "
                         "weights; 0: full fine-tuning (needs peft)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward to save memory")
-    p.add_argument("--logprob-chunk", type=int, default=1024,
+    p.add_argument("--logprob-chunk", type=int, default=512,
                    help="reply tokens whose vocabulary-sized logits the loss computes at once (and again in "
-                        "backward); memory ~ chunk x vocabulary x 12 bytes, whatever the reply length")
+                        "backward); memory ~ chunk x vocabulary x 2 bytes on a GPU, whatever the reply length")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 mixed precision, fp32 master weights (default: on with a GPU, off without)")
     # tasks and rollouts (defaults: the paper's for a real model on a GPU, a small demo otherwise)
@@ -506,8 +507,15 @@ def offloads_optimizer(accelerator: Accelerator) -> bool:
 
 
 def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: str):
-    """(model, optimizer), prepared by accelerate: the whole model or its LoRA adapters, in training mode."""
-    model = put_logprob_head(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), args.logprob_chunk)
+    """(model, optimizer), prepared by accelerate: the whole model or its LoRA adapters, in training mode.
+
+    fp32 weights under bf16 autocast, but under ZeRO-3 with bf16: there the weights are bf16 and the fp32 master
+    copy is the optimizer's (in CPU memory with offload), and the model is loaded into its shards (zero.Init,
+    on by zero3_init_flag) in bf16, so no fp32 copy of it is ever made on the host."""
+    plugin = accelerator.state.deepspeed_plugin
+    zero3_bf16 = plugin is not None and plugin.zero_stage == 3 and args.bf16
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if zero3_bf16 else torch.float32)
+    model = put_logprob_head(model, args.logprob_chunk)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora_rank:
@@ -693,9 +701,10 @@ def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], co
     batch = {k: v.to(run.accelerator.device) for k, v in collate(chunk, run.pad_id).items()}
     loss, stats, old = grpo_loss(run.model, batch, args.temperature, args.eps_low, args.eps_high, constant, args.beta,
                                  run.ref_model)
-    for sample, row, keep in zip(chunk, old.tolist(), batch["reply_mask"].tolist()):
-        if sample.old_logprobs is None:
-            sample.old_logprobs = [lp for lp, k in zip(row, keep) if k]
+    if any(sample.old_logprobs is None for sample in chunk):  # copying them to the host waits for the GPU
+        for sample, row, keep in zip(chunk, old.tolist(), batch["reply_mask"].tolist()):
+            if sample.old_logprobs is None:
+                sample.old_logprobs = [lp for lp, k in zip(row, keep) if k]
     return loss, torch.stack([loss.detach(), stats["tokens"], stats["clipped"], stats["entropy"],
                               stats.get("kl", torch.zeros((), device=loss.device))]).float()
 

@@ -6,21 +6,31 @@ Both sides get one group of S samples of a 1,024-token prompt and R reply tokens
 tokenizer, fixed advantages, old log-probs -log(vocabulary), so ratios start near 1) and take the paper's
 settings: beta 0, the Dr. GRPO normaliser (R), eps 0.2 / 0.28, temperature 0.9, lr 2e-6 constant, grad norm
 clipped at 0.05, AdamW (DeepSpeed's CPU Adam under ZeRO offload), 2 optimizer steps per batch, bf16 autocast
-over fp32 weights, gradient checkpointing, micro-batches of M samples accumulated over the batch.
+over fp32 weights (bf16 weights under ZeRO-3, whose optimizer keeps the fp32 copy), gradient checkpointing,
+micro-batches of M samples accumulated over the batch. Each side does the same work, and the row shows it:
   trl      GRPOTrainer.train() for 4 optimizer steps, its generation bypassed: _generate_and_score_completions
-           returns the pre-built batch. Steps 3-4 are timed (on_step_begin to on_step_end) and measured.
-  project  train.py's own setup() and update() on the same batch written as a --rollouts file: step 1 warms
-           up, step 2's update (its 2 optimizer steps) is timed and measured.
+           returns the pre-built batch (no prompt truncation, no old log-prob pass: they are given), which
+           num_iterations 2 reuses for 2 steps, split into S / M micro-batches (steps_per_generation = the
+           gradient accumulation); token-level importance ratios; its fused LM head scores the R completion
+           positions only. Timed: from on_step_begin of step 3 to on_step_end of step 4 (2 optimizer steps,
+           the bypassed call, TRL's own metrics and step 3's logging).
+  project  train.py's own setup() and update() on the same batch written as a --rollouts file: step 1's
+           update warms up, step 2's update() call (its 2 optimizer steps) is timed.
+In the timed window each side counts the policy's forward passes and their tokens (a hook on the input
+embeddings) and the optimizer steps; tokens/s is those tokens over the window's seconds, and the rows of
+both sides must show the same three counts (2 x S / M forwards of M x (1,024 + R) tokens, 2 steps). Loss (the
+mean over the 2 timed steps: TRL's logged losses, train.py's summed micro-batch losses) and each step's
+gradient norm (before clipping) are recorded for both: equal work gives equal numbers.
 S and M are chosen per length (--tokens-per-update) so that each row takes seconds: tokens/s and peak memory
 need no 64 samples at 16K. Peak memory is torch's peak allocation over the timed steps (weights, gradients,
 optimizer state, activations). Each measurement runs in a fresh process, launched as its mode needs
 (`accelerate launch --config_file configs/deepspeed_zero3.yaml` for zero3_offload): no side inherits the
 other's allocator, Accelerate's GradientState (shared by every Accelerator of a process: left set by one
 trainer, it makes the next zero its gradients at every micro-batch) or an out-of-memory error. A process
-that runs out of GPU or host memory makes a row with fits false, tokens_per_s and peak_gib null (peak_gib
-is null on the CPU too: torch measures GPU memory only). The longest reply that fits is the
-longest length of a side's rows that ran; --probe-longest adds a row at 32,768 - prompt tokens (the random
-model's positions) where the listed lengths all fit.
+that fails makes a row with fits false, tokens_per_s and peak_gib null and its first exception (or how it
+was killed) as the error (peak_gib is null on the CPU too: torch measures GPU memory only). The longest reply
+that fits is the longest length of a side's rows that ran; --probe-longest adds a row at 32,768 - prompt
+tokens (the random model's positions) where the listed lengths all fit.
 
     python bench/grpo_step.py --out results/grpo_step_h200.json                 # every row, on the GPU machine
     python bench/grpo_step.py --rows 0.5b:full:512 7b:lora:16384 --out ...       # some rows
@@ -29,13 +39,17 @@ model's positions) where the listed lengths all fit.
 Rows are written to --out as each finishes (a JSON list); a re-run skips the rows already there. TRL is a
 benchmark-only dependency (README: carried wheels), as is DeepSpeed for zero3_offload. Rows: model ("tiny",
 "0.5b", "7b": Qwen2.5-7B's shape, untied embeddings, 7.6B parameters), mode ("full", "lora" rank 16 on
-every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, and the batch (prompt_tokens,
-samples, micro_batch), TRL's logged loss and each side's gradient norms (they agree), wall_s, error.
+every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, the batch
+(prompt_tokens, samples, micro_batch), the work counted (forwards, forward_tokens, optimizer_steps), loss,
+grad_norms, host_peak_gib (the process's peak resident memory: where ZeRO-Offload keeps the optimizer),
+wall_s, error.
 """
 import argparse
 import json
 import math
 import os
+import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -46,6 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
 import tiny_model  # noqa: E402
 import train  # noqa: E402
@@ -56,8 +71,8 @@ SHAPES = {"tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_lay
           "7b": {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
                  "num_attention_heads": 28, "num_key_value_heads": 4, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
                  "tie_word_embeddings": False}}
-GPU_ROWS = [f"{model}:{mode}:{reply}" for model, mode in [("0.5b", "full"), ("7b", "lora"), ("7b", "zero3_offload")]
-            for reply in (512, 4096, 16384)]
+GPU_ROWS = [f"{model}:{mode}:{reply}" for model, mode in [("0.5b", "full"), ("7b", "lora"), ("0.5b", "zero3_offload")]
+            for reply in (512, 4096, 16384)] + ["7b:zero3_offload:16384"]
 CPU_ROWS = [f"tiny:{mode}:{reply}" for mode in ("full", "lora") for reply in (16, 64)]
 POSITIONS = 32768  # tiny_model.random_qwen2's max_position_embeddings
 LORA_RANK = 16
@@ -68,8 +83,9 @@ def parse_args(argv=None):
     on_gpu = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", nargs="+", default=GPU_ROWS if on_gpu else CPU_ROWS,
-                   help="MODEL:MODE:REPLY_TOKENS rows to run (default: 0.5b full, 7b lora and 7b zero3_offload at "
-                        "512, 4096 and 16384 on a GPU; tiny full and lora at 16 and 64 on the CPU)")
+                   help="MODEL:MODE:REPLY_TOKENS rows to run (default: 0.5b full, 7b lora and 0.5b zero3_offload at "
+                        "512, 4096 and 16384 and 7b zero3_offload at 16384 on a GPU; tiny full and lora at 16 and 64 "
+                        "on the CPU)")
     p.add_argument("--sides", nargs="+", choices=["trl", "project"], default=["trl", "project"], help="who to run")
     p.add_argument("--prompt-tokens", type=int, default=1024 if on_gpu else 32, help="prompt length of every sample")
     p.add_argument("--tokens-per-update", type=int, default=16384 if on_gpu else 256,
@@ -125,7 +141,7 @@ def model_path(name: str) -> str:
 
 # ---------------------------------------------------------------- the two sides (each in its own process)
 def run_project(spec: dict, batch: dict, work: Path) -> dict:
-    """train.py's setup() and update(): step 1 warms up, step 2 is measured."""
+    """train.py's setup() and update(): step 1 warms up, step 2's update() call is timed."""
     turn = {"turn": 0, "prompt": {"messages": [], "token_ids": batch["prompt"]}, "code": "", "summary": "",
             "eval": {"status": "correct", "compiled": True, "correct": True, "speedup": 1.0, "feedback": ""}}
     records = [{"task": f"bench/step{step}", "trajectory": k, "turns": [{
@@ -140,17 +156,19 @@ def run_project(spec: dict, batch: dict, work: Path) -> dict:
                              "--bf16" if spec["bf16"] else "--no-bf16",
                              *(["--lora-rank", str(LORA_RANK)] if spec["mode"] == "lora" else [])])
     run = train.setup(args)
+    work_done = Work(run.accelerator.unwrap_model(run.model))
     train.update(args, run, 0, train.roll_out(args, run, 0))
+    rollouts = train.roll_out(args, run, 1)
     synchronize()
-    started = time.perf_counter()
-    totals, grad_norms, _, memory = train.update(args, run, 1, train.roll_out(args, run, 1))
+    started, work_done.on = time.perf_counter(), True
+    totals, grad_norms, _, memory = train.update(args, run, 1, rollouts)
     synchronize()
-    return {"seconds": time.perf_counter() - started, "peak_gib": memory.get("memory/peak_gib"),
-            "loss": totals[0].item() / args.updates_per_batch, "grad_norm": grad_norms}
+    return {"seconds": time.perf_counter() - started, **work_done.counts(), "peak_gib": memory.get("memory/peak_gib"),
+            "loss": totals[0].item() / args.updates_per_batch, "grad_norms": grad_norms}
 
 
 def run_trl(spec: dict, batch: dict, work: Path) -> dict:
-    """GRPOTrainer.train() for 4 optimizer steps on the pre-built batch: steps 3 and 4 are measured."""
+    """GRPOTrainer.train() for 4 optimizer steps on the pre-built batch: steps 3 and 4 are timed."""
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -166,6 +184,8 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
               "old_per_token_logps": torch.full(completion_ids.shape, batch["old_logprob"], device=device),
               "num_items_in_batch": torch.tensor(completion_ids.numel(), device=device)}
     offload = spec["mode"] == "zero3_offload"
+    if offload:  # the launch config's placeholders, which train.py overrides: the Trainer refuses a mismatch
+        os.environ.update(ACCELERATE_GRADIENT_ACCUMULATION_STEPS="auto", ACCELERATE_GRADIENT_CLIPPING="auto")
 
     class BypassedGRPOTrainer(GRPOTrainer):
         def _generate_and_score_completions(self, generation_batch):
@@ -185,12 +205,12 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
                 synchronize()
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
-                self.started = time.perf_counter()
+                self.started, work_done.on = time.perf_counter(), True
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 4:
                 synchronize()
-                self.seconds = time.perf_counter() - self.started
+                self.seconds, work_done.on = time.perf_counter() - self.started, False
 
     config = GRPOConfig(
         output_dir=str(work / "trl"), per_device_train_batch_size=micro, gradient_accumulation_steps=samples // micro,
@@ -199,7 +219,8 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
         temperature=DEFAULTS.temperature, learning_rate=DEFAULTS.lr, lr_scheduler_type="constant",
         weight_decay=DEFAULTS.weight_decay, optim="adamw_torch", max_grad_norm=DEFAULTS.max_grad_norm,
         bf16=spec["bf16"], use_cpu=not cuda, gradient_checkpointing=True,
-        gradient_checkpointing_kwargs={"use_reentrant": False}, model_init_kwargs={"dtype": "float32"},
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        model_init_kwargs={"dtype": "bfloat16" if offload else "float32"},  # as train.py loads it
         save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True, shuffle_dataset=False,
         dataloader_num_workers=0, log_completions=False, seed=0)
     peft_config = None
@@ -213,11 +234,33 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
                                   args=config, train_dataset=Dataset.from_dict({"prompt": ["p"] * 4}),
                                   processing_class=AutoTokenizer.from_pretrained(spec["path"]), callbacks=[measure],
                                   peft_config=peft_config)
+    work_done = Work(trainer.model)
     trainer.train()
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"seconds": measure.seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-            "loss": losses[-1] if losses else None,
-            "grad_norm": [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h][-2:]}
+    timed = [h for h in trainer.state.log_history if h.get("step") in (3, 4) and "loss" in h]
+    return {"seconds": measure.seconds, **work_done.counts(),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+            "loss": sum(h["loss"] for h in timed) / len(timed), "grad_norms": [h["grad_norm"] for h in timed]}
+
+
+class Work:
+    """What a side did while `on` (its timed window): forward passes of the policy and their tokens (counted
+    at the input embeddings), optimizer steps (any optimizer's). So the two sides' numbers are shown to cover
+    the same work, and tokens/s is counted tokens over the window's seconds."""
+
+    def __init__(self, model):
+        self.on, self.forwards, self.tokens, self.steps = False, 0, 0, 0
+        model.get_input_embeddings().register_forward_hook(self.count_forward)
+        register_optimizer_step_post_hook(self.count_step)
+
+    def count_forward(self, module, args, output):
+        if self.on:
+            self.forwards, self.tokens = self.forwards + 1, self.tokens + args[0].numel()
+
+    def count_step(self, optimizer, args, kwargs):
+        self.steps += self.on
+
+    def counts(self) -> dict:
+        return {"forwards": self.forwards, "forward_tokens": self.tokens, "optimizer_steps": self.steps}
 
 
 def synchronize() -> None:
@@ -237,8 +280,8 @@ def child(spec: dict) -> None:
             result = (run_trl if spec["side"] == "trl" else run_project)(spec, batch, Path(work))
         except torch.OutOfMemoryError as error:
             result = {"seconds": None, "peak_gib": None, "error": f"out of GPU memory: {str(error)[:200]}"}
-    tokens = spec["samples"] * (spec["prompt_tokens"] + spec["reply_tokens"]) * DEFAULTS.updates_per_batch
-    result["tokens_per_s"] = tokens / result["seconds"] if result["seconds"] else None
+    result["tokens_per_s"] = result["forward_tokens"] / result["seconds"] if result["seconds"] else None
+    result["host_peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # from KiB
     print("ROW " + json.dumps(result), flush=True)
 
 
@@ -257,16 +300,33 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
                           capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("ROW ")]
     result = json.loads(lines[-1][4:]) if lines else {
-        "tokens_per_s": None, "peak_gib": None,
-        "error": f"exit {done.returncode}{' (killed: out of host memory?)' if done.returncode in (-9, 137) else ''}: "
-                 f"{done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else ''}"}
+        "tokens_per_s": None, "peak_gib": None, "error": f"exit {done.returncode}: {first_error(done.stderr)}"}
     row = {"model": model, "mode": mode, "reply_tokens": reply, "side": side, "tokens_per_s": result["tokens_per_s"],
            "peak_gib": result["peak_gib"], "fits": "error" not in result, "prompt_tokens": args.prompt_tokens,
-           "samples": samples, "micro_batch": micro, "loss": result.get("loss"), "grad_norm": result.get("grad_norm"),
+           "samples": samples, "micro_batch": micro,
+           **{k: result.get(k) for k in ("forwards", "forward_tokens", "optimizer_steps", "loss", "grad_norms",
+                                         "host_peak_gib")},
            "wall_s": round(time.perf_counter() - started, 1), **({"error": result["error"]} if "error" in result else {})}
     if "error" in result:
         print(f"  {side}: {result.get('error')}\n{done.stderr[-2000:]}", file=sys.stderr)
     return row
+
+
+def first_error(stderr: str) -> str:
+    """The child's own error: the exception line of its first traceback (the cause, where one error led to
+    others), else a line that says how it died (a signal: out of host memory?), else its last line. A launcher
+    (torchrun, under accelerate launch) ends the output with its own banner, which says only that a child failed."""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", line).rstrip() for line in stderr.splitlines()]
+    start = next((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), None)
+    if start is not None:
+        found = next((line for line in lines[start + 1:] if line and not line[0].isspace()), None)
+        if found:
+            return found[:300]
+    died = [line for line in lines if re.search(r"Signal \d+|SIG[A-Z]+|Killed|exitcode", line)]
+    if died:
+        return died[0].strip()[:300]
+    rest = [line for line in lines if line.strip(" =-")]
+    return rest[-1].strip()[:300] if rest else ""
 
 
 def table(rows: list[dict]) -> str:

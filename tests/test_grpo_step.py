@@ -1,11 +1,16 @@
-"""bench/grpo_step.py at toy sizes on the CPU, train.py's side only (TRL is a benchmark-only dependency)."""
+"""bench/grpo_step.py at toy sizes on the CPU: train.py's side, and TRL's beside it where TRL is installed (a
+benchmark-only dependency)."""
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import grpo_step  # noqa: E402
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
@@ -21,7 +26,10 @@ def test_each_row_is_written_as_it_finishes_and_a_rerun_skips_it(tmp_path):
     [row] = json.loads(out.read_text())
     assert {k: row[k] for k in ("model", "mode", "reply_tokens", "side", "fits")} == \
         {"model": "tiny", "mode": "full", "reply_tokens": 16, "side": "project", "fits": True}
-    assert row["tokens_per_s"] > 0 and len(row["grad_norm"]) == 2 and row["samples"] % row["micro_batch"] == 0
+    assert row["tokens_per_s"] > 0 and len(row["grad_norms"]) == 2 and row["samples"] % row["micro_batch"] == 0
+    assert (row["forwards"], row["optimizer_steps"]) == (2 * row["samples"] // row["micro_batch"], 2)
+    assert row["forward_tokens"] == 2 * row["samples"] * (row["prompt_tokens"] + 16)  # both updates' batches
+    assert 0.1 < row["host_peak_gib"] < 100
     again = run_bench("--rows", "tiny:full:16", "--sides", "project", "--out", str(out))
     assert json.loads(out.read_text()) == [row] and "| tiny | full | 16 |" in again.stdout
 
@@ -32,3 +40,32 @@ def test_a_bad_row_is_a_one_line_error(tmp_path):
     assert done.returncode != 0 and done.stderr.strip().splitlines() == [
         "--rows tiny:fsdp:16: want MODEL:MODE:REPLY_TOKENS, MODEL of ['tiny', '0.5b', '7b'], MODE of full, lora, "
         "zero3_offload"]
+
+
+def test_trl_and_train_py_do_the_same_work_and_agree_on_loss_and_gradient_norms(tmp_path):
+    pytest.importorskip("trl")
+    out = tmp_path / "rows.json"
+    run_bench("--rows", "tiny:full:16", "--out", str(out))
+    trl, own = json.loads(out.read_text())
+    assert (trl["side"], own["side"]) == ("trl", "project")
+    for key in ("forwards", "forward_tokens", "optimizer_steps"):
+        assert trl[key] == own[key] > 0, key
+    assert own["loss"] == pytest.approx(trl["loss"], rel=1e-4)
+    assert own["grad_norms"] == pytest.approx(trl["grad_norms"], rel=1e-4)
+
+
+def test_a_failed_child_is_its_first_exception_not_the_launchers_banner():
+    stderr = """[rank0]: Traceback (most recent call last):
+[rank0]:   File "bench/grpo_step.py", line 1, in <module>
+[rank0]: ValueError: Please correct the following DeepSpeed config values that mismatch TrainingArguments values:
+[rank0]: During handling of the above exception, another exception occurred:
+[rank0]: Traceback (most recent call last):
+[rank0]: RuntimeError: later
+==============================================
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+==============================================
+"""
+    assert grpo_step.first_error(stderr) == ("ValueError: Please correct the following DeepSpeed config values that "
+                                            "mismatch TrainingArguments values:")
+    killed = "Root Cause (first observed failure):\n  exitcode  : -9 (pid: 12)\n  error_file: <N/A>\n" + "=" * 40
+    assert grpo_step.first_error(killed) == "exitcode  : -9 (pid: 12)"

@@ -190,31 +190,40 @@ def test_only_reply_tokens_are_in_the_loss_whatever_the_padding(tiny):
     assert stats["tokens"].item() == len(short.reply_ids) + len(long.reply_ids)
 
 
-def test_chunked_logprob_head_gives_the_full_logits_loss_entropy_and_gradients(tiny):
-    """The loss through LogprobHead (chunks of 5 reply tokens, recomputed in backward) against the same loss
-    from the whole (batch, width, vocab) logits: equal within 1e-5 relative in fp32, gradients included."""
+GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                       reason="needs a CUDA GPU")])
+
+
+@pytest.mark.parametrize("device", ["cpu", GPU])
+def test_chunked_logprob_head_gives_the_full_logits_loss_entropy_and_gradients(tiny, monkeypatch, device):
+    """The loss through LogprobHead (chunks of 5 reply tokens and vocabulary tiles of 97, recomputed in
+    backward) against the same loss from the whole (batch, width, vocab) logits: equal within 1e-5 relative
+    in fp32, gradients included; on a GPU through the head's compiled kernels."""
     from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(batching, "VOCABULARY_TILE", 97)
 
     _, tokenizer = tiny
     samples = [batching.Sample(prompt_ids(tokenizer, "Hi."), reply_ids(tokenizer, "def f(): return 1 + 2 * 3"), None, 1.5),
                batching.Sample(prompt_ids(tokenizer, "A longer request, please."), reply_ids(tokenizer, "ok"), None, -1.0)]
-    batch = batching.collate(samples, tokenizer.pad_token_id)
+    batch = {k: v.to(device) for k, v in batching.collate(samples, tokenizer.pad_token_id).items()}
     mask = batch["reply_mask"]
 
     def loss_of(logprobs):  # the GRPO surrogate against an old policy slightly off this one, so ratios are not 1
-        old = logprobs.detach() - 0.1 * torch.arange(logprobs.shape[1])
+        old = logprobs.detach() - 0.1 * torch.arange(logprobs.shape[1], device=device)
         token_loss, _ = train.clipped_surrogate(logprobs, old, batch["advantages"][:, None], 0.2, 0.28)
         return train.constant_normalised_sum(token_loss, mask, 64.0)
 
-    full = AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=torch.float32)
+    full = AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=torch.float32).to(device)
     logits = batching.reply_logits(full, batch)
     full_logprobs, full_entropy = batching.token_logprobs(logits, batch["targets"], 0.9), batching.token_entropy(logits, 0.9)
     loss_of(full_logprobs).backward()
-    chunked = batching.put_logprob_head(AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=torch.float32), 5)
+    chunked = batching.put_logprob_head(AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=torch.float32),
+                                        5).to(device)
     logprobs, entropy = batching.reply_logprobs(chunked, batch, 0.9)
     loss_of(logprobs).backward()
 
-    assert mask.sum() > 2 * 5  # several chunks, the last one partial
+    assert mask.sum() > 2 * 5 and full.config.vocab_size % 97  # several chunks and tiles, the last ones partial
     assert torch.allclose(logprobs[mask], full_logprobs[mask], rtol=1e-5, atol=0)
     assert torch.allclose(entropy[mask], full_entropy[mask], rtol=1e-5, atol=0)
     assert loss_of(logprobs).item() == pytest.approx(loss_of(full_logprobs).item(), rel=1e-5)
@@ -223,6 +232,24 @@ def test_chunked_logprob_head_gives_the_full_logits_loss_entropy_and_gradients(t
     assert chunked.lm_head.weight is chunked.model.embed_tokens.weight  # still tied: one parameter, one gradient
     with pytest.raises(ValueError, match="LogprobHead"):
         batching.reply_logprobs(full, batch, 0.9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_heads_functions_compile_to_what_they_compute_eagerly(dtype):
+    """What a GPU runs (torch.compile of chunk_scores and tile_gradient, dynamic shapes), traced and run here
+    by the CPU's compiler: the same scores and gradient as eager, for a tile that holds some targets only."""
+    torch.manual_seed(0)
+    logits, targets, grad = (torch.randn(7, 300) * 3).to(dtype), torch.randint(0, 300, (7,)), torch.randn(7)
+    scores = batching.chunk_scores.__wrapped__
+    tile_gradient = batching.tile_gradient.__wrapped__
+    expected = scores(logits.clone(), targets, 0.9)
+    for got, want in zip(torch.compile(scores, dynamic=True)(logits.clone(), targets, 0.9), expected):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    args = (targets - 100, expected[2], grad, 0.9)  # tile of vocabulary rows 100 to 399: some targets before it
+    got, want = torch.compile(tile_gradient, dynamic=True)(logits.clone(), *args), tile_gradient(logits.clone(), *args)
+    assert got.dtype == dtype and ((targets - 100) < 0).any()
+    assert torch.allclose(got.float(), want.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6)
 
 
 def test_the_policys_logprobs_of_its_own_replies_equal_the_sampling_logprobs(tiny):
