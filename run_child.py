@@ -58,8 +58,10 @@ def trusted_objects(judge) -> dict:
             if callable(value) or hasattr(type(value), "__get__")}
 
 
-# What the timer reads the time from: a candidate that replaces one of these has faked the clock.
-CLOCKS = re.compile(r"^(time\.|torch\._C\._CudaEventBase\.|torch\.cuda\.Event\.)|synchronize|elapsed_time")
+# The clock the timer reads, torch.cuda.Event, is a C-level type underneath, immutable from Python: a
+# replaced method of it is native code faking the clock. Python-level timers and synchronize replaced are
+# a patched checker like any other trusted object.
+CLOCKS = re.compile(r"^torch\._C\._CudaEventBase\.")
 
 
 class ProcessSettings:
