@@ -456,6 +456,26 @@ def clock_mismatch(calls: dict, windows: dict) -> str | None:
     return None
 
 
+def timed_output_wrong(run: RunChild, models: dict, inputs: list, expected, trial: int) -> dict:
+    """What a wrong timed output says, asked of the candidate again outside the timer, as the correctness
+    trials ask it: right now on that input, it was wrong only while timed; wrong now on the first correctness
+    input, which it got right before, it changed; wrong on that input alone, it is merely wrong there (an
+    honest kernel at the edge of the tolerance, on an input the trials did not draw): `incorrect`."""
+    tolerance = run.payload["tolerance"]
+    rule = f"[changed-during-timing] timed run {trial + 1} returned a wrong result "
+    again = run.run_candidate(models["candidate"], inputs)[0]
+    status, why, diff, rel = _compare(again, expected, tolerance)
+    if status is None:
+        return run.rejected(rule + "that it gets right outside the timer")
+    first = run.make_inputs(run.payload["seed"] + 1)
+    if _compare(run.run_candidate(models["candidate"], first)[0], models["reference"](*clone(first)), tolerance)[0]:
+        return run.rejected(rule + "and now gets the first correctness trial wrong too")
+    if status == "rejected":
+        return run.rejected(why)
+    return {"incorrect": f"timed run {trial + 1}, on inputs the correctness trials did not draw: {why}",
+            "max_abs_diff": diff, "max_rel_diff": rel, "times": run.times}
+
+
 def _nothing(*args) -> None:
     """What the timer times to measure itself: its own host overhead, at the moments the models are timed."""
 
@@ -491,8 +511,7 @@ def time_models(run: RunChild, models: dict) -> tuple[dict | None, dict[str, lis
         checked = defend and "candidate" in models and (
             trial in (0, payload["timing_trials"] - 1) or unknowable.random() < 0.25)
         if checked and _compare(outputs["candidate"], outputs["reference"], payload["tolerance"])[0]:
-            return run.rejected(f"[changed-during-timing] timed run {trial + 1} returned a wrong result "
-                                "after the correctness trials had passed"), calls
+            return timed_output_wrong(run, models, inputs, outputs["reference"], trial), calls
         del outputs
         if trial + 1 >= 10 and time.perf_counter() > deadline:
             break
