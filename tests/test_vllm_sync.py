@@ -64,13 +64,19 @@ def accelerate_launch(config: str, processes: int, *args: str, env: dict, timeou
     return done
 
 
+def importable(*folders: Path) -> str:
+    """A PYTHONPATH with `folders` first and whatever the caller's had after: packages installed beside the
+    machine's own (a --target folder of carried wheels, such as DeepSpeed's) stay importable."""
+    return os.pathsep.join([*map(str, folders), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def launch_script(tmp_path: Path, script: str, config: str, processes: int, *args: str) -> list[dict]:
     """`script` run under `accelerate launch` with tmp_path and `args`, this checkout importable; what each
     process wrote to tmp_path/result_RANK.json (a file: long lines of two processes interleave on one pipe)."""
     path = tmp_path / "script.py"
     path.write_text(script)
     accelerate_launch(config, processes, str(path), str(tmp_path), *args, timeout=900,
-                      env={"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
+                      env={"OMP_NUM_THREADS": "1", "PYTHONPATH": importable(ROOT, ROOT / "tests")})
     return [json.loads(f.read_text()) for f in sorted(tmp_path.glob("result_*.json"))]
 
 
@@ -303,7 +309,7 @@ def test_two_ranks_generate_with_their_own_engines_and_match_the_policy_after_ev
 def test_two_ranks_generate_through_a_vllm_server_that_takes_the_pushed_weights(tmp_path):
     extension = ["--dtype", "float32", "--logprobs-mode", "processed_logprobs",
                  "--worker-extension-cls", "vllm_sync.WorkerWeights"]
-    env = {**VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": str(ROOT)}
+    env = {**VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": importable(ROOT)}
     with vllm_server(tmp_path / "serve.log", *extension, env=env) as (base_url, _):
         done = launch_train("--backend", "vllm-server", "--base-url", base_url, *MOVING,
                             "--output-dir", str(tmp_path / "run"))
