@@ -133,6 +133,17 @@ def test_a_kernelbench_style_level_folder_loads_unchanged(tmp_path):
     assert list(ev.load_tasks(level / "19_ReLU.py")) == ["level1/19_ReLU"]
 
 
+def test_a_candidate_library_that_brings_its_own_task_names_it_by_file():
+    """tests/adversarial/cuda has a transpose, a task of tests/adversarial/tasks only: its records name that
+    file, which resolves; the others keep their ids in tasks/."""
+    index = ev.load_tasks(ROOT / "tasks")
+    records = ev.library_records(ROOT / "tests" / "adversarial" / "cuda")
+    own = [r for r in records if "27_Transpose" in r["solution"]]
+    assert own and all(Path(r["task"]) == ROOT / "tests/adversarial/tasks/level1/27_Transpose.py" for r in own)
+    assert all(ev.resolve_task(r["task"], index) for r in own)
+    assert all(r["task"] in index for r in records if r not in own)
+
+
 def test_an_unknown_task_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown task 'level9/nope'"):
         ev.resolve_task("level9/nope", ev.load_tasks(ROOT / "tasks"))
@@ -193,6 +204,36 @@ def test_events_shorter_than_the_kernels_inside_them_are_a_faked_clock():
 def test_events_longer_than_the_wall_clock_around_them_are_a_faked_clock():
     assert ev.clock_mismatch(*timed_calls("reference", 0.06, 0.03, 0.02)).startswith("[clock-mismatch] the reference")
     assert ev.clock_mismatch(*timed_calls("reference", 0.0315, 0.03, 0.02)) is None  # within the events' resolution
+
+
+def test_a_wrong_timed_output_is_judged_by_asking_the_candidate_again_outside_the_timer():
+    """A spot-checked timed output that is wrong: the candidate is run again on that input and on the first
+    correctness input, as the correctness trials run it (a real RunChild on the ReLU task; the candidates
+    are plain torch modules). Wrong only while timed, or wrong now where it was right: rejected. Wrong on
+    that input alone (an honest kernel at the edge of the tolerance): incorrect, its difference reported."""
+    run = ev.RunChild({"device": "cpu", "defences": True, "cpu_threads": 1, "seed": 0, "poison_bytes": 0,
+                       "task": str(ROOT / "tests" / "tasks" / "level1" / "7_ReLU.py"),
+                       "tolerance": ev.tolerances(ev.EvalConfig(device="cpu"))})
+    reference = run.task.Model(*run.init_inputs)
+    timed = run.make_inputs(12345)
+
+    class Candidate(torch.nn.Module):
+        def __init__(self, wrong):
+            super().__init__()
+            self.wrong = wrong
+
+        def forward(self, x):
+            return torch.relu(x) + (1.0 if self.wrong(x) else 0.0)
+
+    def judged(wrong):
+        models = {"candidate": Candidate(wrong), "reference": reference}
+        return ev.timed_output_wrong(run, models, timed, reference(*timed), trial=6)
+
+    assert "gets right outside the timer" in judged(lambda x: False)["rejected"]
+    assert "first correctness trial wrong too" in judged(lambda x: True)["rejected"]
+    edge = judged(lambda x: torch.equal(x, timed[0]))
+    assert edge["incorrect"].startswith("timed run 7, on inputs the correctness trials did not draw:")
+    assert edge["max_abs_diff"] == pytest.approx(1.0)
 
 
 def correct(**times) -> dict:
@@ -614,10 +655,7 @@ def test_every_cuda_candidate_gets_the_status_its_name_promises(cuda_results):
 def cuda_adversarial_results():
     """The CUDA tricks and their honest twins; a task that tasks/ lacks (a transpose, whose whole work a copy
     can do) is in tests/adversarial/tasks/."""
-    index = ev.load_tasks(ROOT / "tasks")
-    elsewhere = ROOT / "tests" / "adversarial" / "tasks"
-    records = [r if r["task"] in index else {**r, "task": str(elsewhere / f"{r['task']}.py")}
-               for r in ev.library_records(ROOT / "tests" / "adversarial" / "cuda")]
+    records = ev.library_records(ROOT / "tests" / "adversarial" / "cuda")
     return kept("adversarial_cuda", records,
                 ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=60, progress=False)))
 
