@@ -456,13 +456,14 @@ def clock_mismatch(calls: dict, windows: dict) -> str | None:
     return None
 
 
-def timed_output_wrong(run: RunChild, models: dict, inputs: list, expected, trial: int) -> dict:
+def timed_output_wrong(run: RunChild, models: dict, inputs: list, expected, call: int) -> dict:
     """What a wrong timed output says, asked of the candidate again outside the timer, as the correctness
     trials ask it: right now on that input, it was wrong only while timed; wrong now on the first correctness
     input, which it got right before, it changed; wrong on that input alone, it is merely wrong there (an
-    honest kernel at the edge of the tolerance, on an input the trials did not draw): `incorrect`."""
+    honest kernel at the edge of the tolerance, on an input the trials did not draw): `incorrect`. `call`
+    counts the timed calls from the first warm-up, 1-based."""
     tolerance = run.payload["tolerance"]
-    rule = f"[changed-during-timing] timed run {trial + 1} returned a wrong result "
+    rule = f"[changed-during-timing] timed call {call} returned a wrong result "
     again = run.run_candidate(models["candidate"], inputs)[0]
     status, why, diff, rel = _compare(again, expected, tolerance)
     if status is None:
@@ -472,7 +473,7 @@ def timed_output_wrong(run: RunChild, models: dict, inputs: list, expected, tria
         return run.rejected(rule + "and now gets the first correctness trial wrong too")
     if status == "rejected":
         return run.rejected(why)
-    return {"incorrect": f"timed run {trial + 1}, on inputs the correctness trials did not draw: {why}",
+    return {"incorrect": f"timed call {call}, on inputs the correctness trials did not draw: {why}",
             "max_abs_diff": diff, "max_rel_diff": rel, "times": run.times}
 
 
@@ -511,7 +512,7 @@ def time_models(run: RunChild, models: dict) -> tuple[dict | None, dict[str, lis
         checked = defend and "candidate" in models and (
             trial in (0, payload["timing_trials"] - 1) or unknowable.random() < 0.25)
         if checked and _compare(outputs["candidate"], outputs["reference"], payload["tolerance"])[0]:
-            return timed_output_wrong(run, models, inputs, outputs["reference"], trial), calls
+            return timed_output_wrong(run, models, inputs, outputs["reference"], trial + payload["warmup"] + 1), calls
         del outputs
         if trial + 1 >= 10 and time.perf_counter() > deadline:
             break

@@ -227,12 +227,12 @@ def test_a_wrong_timed_output_is_judged_by_asking_the_candidate_again_outside_th
 
     def judged(wrong):
         models = {"candidate": Candidate(wrong), "reference": reference}
-        return ev.timed_output_wrong(run, models, timed, reference(*timed), trial=6)
+        return ev.timed_output_wrong(run, models, timed, reference(*timed), call=7)
 
     assert "gets right outside the timer" in judged(lambda x: False)["rejected"]
     assert "first correctness trial wrong too" in judged(lambda x: True)["rejected"]
     edge = judged(lambda x: torch.equal(x, timed[0]))
-    assert edge["incorrect"].startswith("timed run 7, on inputs the correctness trials did not draw:")
+    assert edge["incorrect"].startswith("timed call 7, on inputs the correctness trials did not draw:")
     assert edge["max_abs_diff"] == pytest.approx(1.0)
 
 

@@ -1,0 +1,91 @@
+"""What each way of timing one call adds to it: the tasks' PyTorch references timed side by side, in one
+process, each protocol a median over --trials calls (L2 flushed before every call), the protocols of a
+phase interleaved so that drift hits them alike:
+  idle        the GPU drained before the call, CUDA events around it: what KernelBench measures
+  queued      the flush still running when the call is launched (the evaluator before its clock checks):
+              the host's launch latency hides behind the flush
+  timer       evaluate.py's timer (run_child.make_timer): the flush drained, a device-wide synchronize
+              before the closing event
+then, with the kernel log on (torch.profiler, CPU and CUDA activity, as in every defended call), `idle`
+and `timer` again. A protocol's excess over `idle` is what it adds to every call: it compresses the
+speedups of fast kernels.
+
+    python bench/timer_protocols.py --out results/timer_protocols_h200.json     # on the GPU machine
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import evaluate as ev  # noqa: E402
+from run_child import KernelLog, RunChild, make_timer  # noqa: E402
+
+TASKS = ["level1/7_ReLU", "level1/9_Swish", "level1/17_Softmax", "level1/20_RMSNorm",
+         "level1/25_MSELoss_PerSample", "level1/1_Square_Matmul"]
+
+
+def events_ms(fn, args: list, flush: torch.Tensor, drained: bool) -> float:
+    flush.zero_()
+    if drained:
+        torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    fn(*args)
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end)
+
+
+def interleaved(trials: int, protocols: dict) -> dict[str, float]:
+    times = {name: [] for name in protocols}
+    for _ in range(trials):
+        for name, time_one in protocols.items():
+            times[name].append(time_one())
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", nargs="+", default=TASKS, help="task ids under tasks/")
+    p.add_argument("--trials", type=int, default=100, help="timed calls per task and protocol (median reported)")
+    p.add_argument("--out", help="write the medians to this JSON file")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("error: needs a CUDA GPU")
+    index = ev.load_tasks(ev.ROOT / "tasks")
+    rows = []
+    names = ["idle", "queued", "timer", "idle+prof", "timer+prof"]
+    print("| task | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    for task in args.tasks:
+        run = RunChild({"device": "cuda", "defences": True, "cpu_threads": 1, "seed": 0, "poison_bytes": 0,
+                        "task": str(ev.resolve_task(task, index))})
+        reference = run.task.Model(*run.init_inputs).cuda().eval()
+        inputs = run.make_inputs(1)
+        with torch.no_grad():
+            for _ in range(10):  # warm-up
+                reference(*inputs)
+            timer = make_timer(run)
+            medians = interleaved(args.trials, {
+                "idle": lambda: events_ms(reference, inputs, run.flush, drained=True),
+                "queued": lambda: events_ms(reference, inputs, run.flush, drained=False),
+                "timer": lambda: timer(reference, inputs, "call")[0]})
+            run.kernel_log = KernelLog()
+            timer = make_timer(run)
+            medians |= {f"{name}+prof": ms for name, ms in interleaved(args.trials, {
+                "idle": lambda: events_ms(reference, inputs, run.flush, drained=True),
+                "timer": lambda: timer(reference, inputs, "call")[0]}).items()}
+            run.kernel_log.stop(set())
+        rows.append({"task": task, "median_ms": medians})
+        print(f"| {task} | {medians['idle']:.4f} | " + " | ".join(
+            f"{medians[n]:.4f} ({medians[n] - medians['idle']:+.4f})" for n in names[1:]) + " |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "trials": args.trials,
+                                              "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
