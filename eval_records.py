@@ -12,14 +12,10 @@ def library_records(folder: str | Path) -> list[dict]:
     """Hand-written candidates, one record per file, such as those in solutions/cuda/ and solutions/cpu/.
 
     Files are `<level>/<task stem>.<expected status>_<what>.py`, so such a library checks itself: each
-    file's name says what the evaluator must answer (for a rejection, `what` is the rule's name). A task the
-    library brings itself, `tasks/<level>/<task stem>.py` beside the folder (a transpose, say, which no task
-    set of the project has), is named by its file."""
-    def task(f: Path) -> str:
-        own = Path(folder).parent / "tasks" / f.parent.name / f"{f.name.split('.')[0]}.py"
-        return str(own.resolve()) if own.is_file() else f"{f.parent.name}/{f.name.split('.')[0]}"
-    return [{"task": task(f), "code": f.read_text(), "solution": f"{f.parent.name}/{f.name.removesuffix('.py')}"}
-            for f in sorted(Path(folder).rglob("*.py"))]
+    file's name says what the evaluator must answer (for a rejection, `what` is the rule's name)."""
+    files = sorted(Path(folder).rglob("*.py"))
+    return [{"task": f"{f.parent.name}/{f.name.split('.')[0]}", "code": f.read_text(),
+             "solution": f"{f.parent.name}/{f.name.removesuffix('.py')}"} for f in files]
 
 
 def read_records(source: str) -> list[dict]:

@@ -53,9 +53,11 @@ def main():
 
     kind, _ = ev.resolve_device(ev.EvalConfig(device=args.device))
     folders = [Path("solutions") / kind, Path("tests") / "adversarial" / kind]
-    records = [{**r, "solution": f"{folder}/{r['solution']}"} for folder in folders
-               for r in ev.library_records(ev.ROOT / folder)]
     tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
+    index, elsewhere = ev.load_tasks(tasks), ev.ROOT / "tests" / "adversarial" / "tasks"  # a transpose: only there
+    records = [{**r, "solution": f"{folder}/{r['solution']}",
+                "task": r["task"] if r["task"] in index else str(elsewhere / f"{r['task']}.py")}
+               for folder in folders for r in ev.library_records(ev.ROOT / folder)]
     results = {rules: ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks, rules=rules,
                                                          timing_budget_s=args.timing_budget_s,
                                                          run_timeout_s=args.run_timeout_s)) for rules in PROFILES}
