@@ -68,8 +68,8 @@ from build_cache import BuildCache, compile_extension
 from config_flags import add_config_flags, given_flags
 from eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
 from eval_records import already_written, library_records, read_records
-from isolation import (finish_child, hidden_from_children, run_in_child, start_child, stop_child_later,
-                       stop_every_child)
+from isolation import (finish_child, hidden_from_children, run_in_child, start_child, start_fork_server,
+                       stop_child_later, stop_every_child)
 from run_child import (NEUTRAL_KERNEL, KernelLog, ProcessSettings, RunChild, TamperCheck, busy_ms, changed, clone,
                        flatten_outputs, identical, import_file, is_own_kernel, make_timer)
 from static_rules import (FENCE, RULES, extract_code, kernel_names, rejection,  # noqa: F401 (FENCE: generate.py's)
@@ -843,6 +843,7 @@ class _Evaluation:
             self.progress = tqdm(total=count, desc=f"evaluate ({self.kind} x{len(self.devices)})", file=sys.stderr)
 
     def run(self, records: list[dict]) -> list[dict]:
+        start_fork_server()  # from this thread, before the threads that start children
         workdir = tempfile.mkdtemp(prefix="eval-", dir=self.build_root)
         try:
             jobs = self.write_candidates(self.apply_static_rules(records), workdir)
@@ -855,11 +856,13 @@ class _Evaluation:
             self.to_run = len(jobs)
             workers = [threading.Thread(target=self.feed_device, args=(d, workdir, len(jobs)), daemon=True)
                        for d in self.devices]
-            for w in workers:
-                w.start()
             with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:  # waiting for a build takes no slot
-                builds = [pool.submit(self.build, job) for job in jobs]
-                try:
+                builds = []
+                try:  # from the first thread on: a Ctrl-C that skipped the stop would leave children running
+                    for w in workers:
+                        w.start()
+                    for job in jobs:  # one at a time: each is in `builds` for the stop as soon as it exists
+                        builds.append(pool.submit(self.build, job))
                     for b in builds:
                         b.result()
                     for _ in workers:

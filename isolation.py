@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import resource
@@ -55,6 +56,20 @@ def _mp_context():
     return _CONTEXT
 
 
+def start_fork_server() -> None:
+    """Start the fork server now, from the main thread, with the terminal's Ctrl-C ignored (its exec keeps
+    that): a server that Ctrl-C kills while it imports torch fails the next child's start with an EOFError
+    in whatever thread starts it. The caller stops the children itself (`stop_every_child`)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set a signal's handler
+    _mp_context()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def hidden_from_children() -> list[str]:
     """What no child may list: the folder of the fork server's socket (Landlock does not stop a process
     connecting to a socket whose path it knows, and the server forks whatever it is sent, unboxed)."""
@@ -68,7 +83,10 @@ def _child_entry(conn, job, settings: ChildSettings, log_path: str, device: str 
     if settings.nice:
         os.nice(10)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # a print loop cannot fill the disk
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except FileNotFoundError:  # a spare started as its caller stopped and removed the folder: nothing to do
+        os._exit(0)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

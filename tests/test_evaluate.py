@@ -733,6 +733,38 @@ def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
     assert "Traceback" not in stderr, stderr
 
 
+def fork_servers_of(pid: int) -> list[int]:
+    """The multiprocessing fork servers that process `pid` started (it imports torch for a second or more)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            ppid = int(re.search(r"^PPid:\s*(\d+)", status.read_text(), re.M).group(1))
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except (OSError, AttributeError):
+            continue
+        if ppid == pid and b"multiprocessing.forkserver" in cmdline:
+            found.append(int(status.parent.name))
+    return found
+
+
+def test_ctrl_c_as_the_run_starts_is_one_line_while_the_fork_server_still_imports_torch(tmp_path):
+    """Ctrl-C to the whole foreground group as soon as the fork server that starts every child exists, while
+    it still imports torch: no traceback (of a thread whose child could not start from a server the Ctrl-C
+    killed), the one line, exit 130."""
+    records = [cpu_solution(s) for s in ("correct_loop", "timeout_spin")]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    command = [sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"),
+               "--device", "cpu", "--tasks", CPU["tasks"], "--run-timeout-s", "300", "--no-progress"]
+    proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not fork_servers_of(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted: 0 of 2 written; re-run to resume" in stderr, stderr
+
+
 def test_the_summary_of_nothing_says_so_and_none_correct_shows_no_nan():
     assert ev.summary_table([], []) == "no rows: no candidates were evaluated"
     wrong = ev.make_result("incorrect", "Incorrect output.")
