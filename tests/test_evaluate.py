@@ -711,6 +711,16 @@ def test_a_cuda_file_beyond_the_light_header_is_built_as_written(cuda_results):
     assert took_light("7_ReLU.correct_vec4") and all(took_light("7_ReLU.correct_vec4"))
 
 
+def start_for_ctrl_c(command: list[str]) -> subprocess.Popen:
+    """`command` in a process group of its own, Ctrl-C handled as in a terminal even where pytest itself runs
+    with it ignored (a background job of a script): the child would inherit that, and never see the signal."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a handler: reset to default by exec
+    try:
+        return subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
     """Ctrl-C while the spinning candidate is being checked: the child our shutdown kills is no result. The
     correct one runs before or after it (builds finish in any order), so it is written or not yet run."""
@@ -719,7 +729,7 @@ def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
     out = tmp_path / "out.jsonl"
     command = [sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "-o", str(out), "--device", "cpu",
                "--tasks", CPU["tasks"], "--timing-budget-s", "1", "--run-timeout-s", "300", "--no-progress"]
-    proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_for_ctrl_c(command)
     deadline = time.monotonic() + 30
     while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -755,7 +765,7 @@ def test_ctrl_c_as_the_run_starts_is_one_line_while_the_fork_server_still_import
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     command = [sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"),
                "--device", "cpu", "--tasks", CPU["tasks"], "--run-timeout-s", "300", "--no-progress"]
-    proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_for_ctrl_c(command)
     deadline = time.monotonic() + 60
     while not fork_servers_of(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
