@@ -389,17 +389,23 @@ def copy_parameters(source, target) -> int:
     return len(pairs)
 
 
+def passes_trial(run: RunChild, model, reference, trial: int) -> bool:
+    """Whether the candidate, run as the correctness trials run it, matches the reference on trial `trial`'s
+    inputs."""
+    inputs = run.make_inputs(run.payload["seed"] + 1 + trial)
+    out = run.run_candidate(model, inputs)[0]
+    return _compare(out, reference(*clone(inputs)), run.payload["tolerance"])[0] is None
+
+
 def passes_with_reference_parameters(run: RunChild, model, reference, trial: int) -> bool:
     """Whether the failing trial passes once the reference's parameters are copied into the candidate: then its
     kernel is right and its weights are not (made with other init calls, or in another order)."""
     if not copy_parameters(reference, model):
         return False
-    inputs = run.make_inputs(run.payload["seed"] + 1 + trial)
     try:
-        out = run.run_candidate(model, inputs)[0]
+        return passes_trial(run, model, reference, trial)
     except Exception:
         return False
-    return _compare(out, reference(*clone(inputs)), run.payload["tolerance"])[0] is None
 
 
 def check_own_kernel_share(run: RunChild, windows: dict) -> tuple[dict | None, float | None]:
@@ -468,8 +474,7 @@ def timed_output_wrong(run: RunChild, models: dict, inputs: list, expected, call
     status, why, diff, rel = _compare(again, expected, tolerance)
     if status is None:
         return run.rejected(rule + "that it gets right outside the timer")
-    first = run.make_inputs(run.payload["seed"] + 1)
-    if _compare(run.run_candidate(models["candidate"], first)[0], models["reference"](*clone(first)), tolerance)[0]:
+    if not passes_trial(run, models["candidate"], models["reference"], 0):
         return run.rejected(rule + "and now gets the first correctness trial wrong too")
     if status == "rejected":
         return run.rejected(why)
