@@ -71,7 +71,7 @@ from eval_records import already_written, library_records, read_records
 from isolation import (finish_child, hidden_from_children, run_in_child, start_child, start_fork_server,
                        stop_child_later, stop_every_child)
 from run_child import (NEUTRAL_KERNEL, KernelLog, ProcessSettings, RunChild, TamperCheck, busy_ms, changed, clone,
-                       flatten_outputs, identical, import_file, is_own_kernel, make_timer)
+                       flatten_outputs, identical, import_file, is_own_kernel, make_timer, span_ms)
 from static_rules import (FENCE, RULES, extract_code, kernel_names, rejection,  # noqa: F401 (FENCE: generate.py's)
                           static_check)
 
@@ -446,20 +446,29 @@ def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def clock_mismatch(calls: dict, windows: dict) -> str | None:
+def clock_mismatch(calls: dict, windows: dict, opened: dict) -> str | None:
     """Why the clocks disagree on a model's timed calls (medians), if they do. In each call the CUDA events lie
-    inside the host's wall clock around them, and the kernels the profiler saw inside the events, so the
-    medians keep that order: events may exceed the wall clock by 2 µs (four times the events' resolution) and
-    fall short of the kernels' running time by 5% + 5 µs (the profiler's timestamps and the events' are read
-    apart). Faking one clock, the others disagree. Events are not held to the wall clock from below: a loaded
-    host can lose any time around the events (a synchronize that yields the core), honest calls included."""
+    inside the host's wall clock around them, and the kernels the profiler saw running from the begin event
+    (the flush's end, `opened`) on inside the events, so the medians keep that order: events may exceed the
+    wall clock by 2 µs (four times the events' resolution) and fall short of the kernels' running time by 5%
+    + 5 µs (the profiler's timestamps and the events' are read apart). Faking one clock, the others disagree.
+    Events are not held to the wall clock from below: a loaded host can lose any time around the events (a
+    synchronize that yields the core), honest calls included."""
     for name, rows in calls.items():
         events, wall = _median([r[1] for r in rows]), _median([r[2] for r in rows])
-        kernels = _median([busy_ms(windows.get(r[0], [])) for r in rows]) if windows else 0.0
+        kernels = _median([busy_ms(windows.get(r[0], []), opened.get(r[0], -math.inf)) for r in rows])
         if events > wall + 0.002 or events < 0.95 * kernels - 0.005:
             return (f"[clock-mismatch] the {name}'s timed calls take {events:.4g} ms by CUDA events, {wall:.4g} ms "
                     f"by the host's clock and {kernels:.4g} ms of kernels by the profiler")
     return None
+
+
+def on_every_stream(calls: dict, windows: dict, opened: dict) -> dict:
+    """Each timed call's GPU time: its events, or where it is longer the span of its kernels on every stream,
+    from the begin event (the flush's end) or an earlier start to the last end: work on a side stream that
+    the current stream never waited for, or that started while the flush still ran, is the call's too."""
+    return {name: [(label, max(ms, span_ms(windows.get(label, []), opened.get(label, float("inf")))), wall)
+                   for label, ms, wall in rows] for name, rows in calls.items()}
 
 
 def timed_output_wrong(run: RunChild, models: dict, inputs: list, expected, call: int) -> dict:
@@ -482,20 +491,17 @@ def timed_output_wrong(run: RunChild, models: dict, inputs: list, expected, call
             "max_abs_diff": diff, "max_rel_diff": rel, "times": run.times}
 
 
-def _nothing(*args) -> None:
-    """What the timer times to measure itself: its own host overhead, at the moments the models are timed."""
-
-
 def time_models(run: RunChild, models: dict) -> tuple[dict | None, dict[str, list[tuple[str, float, float]]]]:
     """(the rejection or None, each model's timed calls as (label, events ms, wall ms)): warm-up, then the
     models in a random order each trial on an independent draw of inputs (what one call returned says
     nothing of the next), so that clock drift hits them alike; random timed outputs are compared with the
     reference's on the same inputs. Every call of the candidate looks the same to it: the same draw for
-    both models, the same memory, the same profiler. On a GPU the timer also times nothing ('timer'): its own
-    host overhead, which a loaded host inflates as it does a tiny model's (`slowed_reference`)."""
+    both models, the same memory, the same profiler. On a GPU the timer also times the least a model can do
+    ('timer'): one kernel on one element, whose time is the latency that a loaded host, or other processes'
+    work on the same GPU, adds to a tiny model's (`slowed_reference`)."""
     payload, defend, timed = run.payload, run.defend, run.timer
     if run.cuda and defend:
-        models = {**models, "timer": _nothing}
+        models = {**models, "timer": lambda *inputs: run.flush[:1].zero_()}
     calls = {name: [] for name in models}
     unknowable = random.Random(os.urandom(8))  # draws, orders and spot checks: nothing to learn in advance
     draws = unknowable.randrange(2**31)
@@ -545,7 +551,7 @@ def _window_labels(payload: dict, calls: dict) -> set[str]:
 
 def reference_times(calls: dict, windows: dict) -> dict[str, float]:
     """What `slowed_reference` compares, from one child's timed calls: the reference's fastest call, and on a
-    GPU the timer's fastest call timing nothing and the median GPU time of the reference's kernels."""
+    GPU the timer's fastest call on one element and the median GPU time of the reference's kernels."""
     times = {"reference_min_ms": min(events for _, events, _ in calls["reference"])}
     if "timer" in calls:
         times["timer_min_ms"] = min(events for _, events, _ in calls["timer"])
@@ -560,8 +566,8 @@ def _reference_alone(payload: dict) -> dict:
     run, reference = _prepare(payload)
     with torch.no_grad():
         _, calls = time_models(run, {"reference": reference})
-    windows = run.kernel_log.stop(_window_labels(payload, calls)) if run.kernel_log else {}
-    return reference_times(calls, windows)
+    windows, opened = run.kernel_log.stop(_window_labels(payload, calls)) if run.kernel_log else ({}, {})
+    return reference_times(on_every_stream(calls, windows, opened), windows)
 
 
 def _run(payload: dict) -> dict:
@@ -616,19 +622,20 @@ def _run(payload: dict) -> dict:
     run.times["timing"] = time.perf_counter() - start
     cpu_share = None if run.cuda else (time.process_time() - cpu_start) / run.times["timing"]
     start = time.perf_counter()
-    windows = run.kernel_log.stop(_window_labels(payload, calls)) if run.kernel_log else {}
+    windows, opened = run.kernel_log.stop(_window_labels(payload, calls)) if run.kernel_log else ({}, {})
     run.times["profile"] = time.perf_counter() - start
     if broken := tamper.broken():
         return run.rejected(broken)
     share = None
     if run.defend:
-        if run.cuda and (mismatch := clock_mismatch(calls, windows)):
+        if run.cuda and (mismatch := clock_mismatch(calls, windows, opened)):
             return run.rejected(mismatch)
         if run.cuda and payload["min_own_kernel_share"] > 0:
             failed, share = check_own_kernel_share(run, windows)
             if failed:
                 return failed
-    medians = {name: _median([events for _, events, _ in rows]) for name, rows in calls.items() if name in models}
+    calls = on_every_stream(calls, windows, opened)
+    medians = {name: _median([ms for _, ms, _ in rows]) for name, rows in calls.items() if name in models}
     return {"medians": medians, "trials": len(calls["candidate"]), "max_abs_diff": worst,
             "max_rel_diff": worst_rel, "times": run.times,
             "own_kernel_share": share, "cpu_share": cpu_share, **reference_times(calls, windows)}
@@ -666,11 +673,11 @@ def slowed_reference(outcome: dict, clean: dict | None, max_slowdown: float) -> 
     """Why a correct candidate's reference time cannot stand, if it cannot: beside the candidate the reference
     ran slower than in a clean process beyond `max_slowdown` (and 5 µs): its fastest call, fastest against
     fastest since other work on the machine only ever adds time, or on a GPU the median GPU time of its
-    kernels, which the host's load does not touch. On a GPU a tiny model's events are mostly host latency,
-    which a loaded host inflates in every call: the fastest-call allowance scales by how much slower the
-    timer timing nothing ran beside the candidate than in the clean process (up to MAX_HOST_LOAD). The
-    parent compares with times it measured itself, so a made-up answer of the child cannot claim a slow
-    reference beyond that either."""
+    kernels, which the host's load does not touch. On a GPU a tiny model's events are mostly latency, which a
+    loaded host, or other processes' kernels on the same GPU, inflate in every call: the fastest-call
+    allowance scales by how much slower the timer's one-element kernel ran beside the candidate than in the
+    clean process (up to MAX_HOST_LOAD). The parent compares with times it measured itself, so a made-up
+    answer of the child cannot claim a slow reference beyond that either."""
     if "medians" not in outcome or not clean:
         return None
     child = {key: outcome.get(key) for key in clean}
@@ -680,7 +687,7 @@ def slowed_reference(outcome: dict, clean: dict | None, max_slowdown: float) -> 
     if clean.get("timer_min_ms"):
         load = min(MAX_HOST_LOAD, max(1.0, child["timer_min_ms"] / clean["timer_min_ms"]))
     if child["reference_min_ms"] > clean["reference_min_ms"] * max_slowdown * load + 5e-3:
-        host = f", with the timer itself {load:.2g}x as slow" if load > 1 else ""
+        host = f", with the timer's one-element kernel {load:.2g}x as slow" if load > 1 else ""
         return (f"[slowed-reference] the reference took {child['reference_min_ms']:.4g} ms (fastest call) beside "
                 f"the candidate and {clean['reference_min_ms']:.4g} ms in a process of its own{host}: the "
                 "candidate slowed it down")

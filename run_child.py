@@ -2,10 +2,10 @@
 
 evaluate.py's checks (correctness, the own-kernel share, timing) say what a candidate must do; this is how
 they look: inputs made on the device, memory poisoned with NaN, outputs probed before a synchronize, an
-independent draw of inputs for every timed call, the timer (CUDA events after a device-wide synchronize, L2
-flushed, with the host's wall clock around them; the wall clock alone on the CPU), the kernel log (torch's
-profiler on from before the candidate is imported to the last timed call, so that every call looks alike
-to it), the process-wide settings the reference runs under, and the identities of everything the checks
+independent draw of inputs for every timed call, the timer (L2 flushed, CUDA events around the call, the host's
+wall clock around them and a device-wide synchronize; the wall clock alone on the CPU), the kernel log
+(torch's profiler on from before the candidate is imported to the last timed call, so that every call looks
+alike to it; it also times each call's kernels on every stream), the process-wide settings the reference runs under, and the identities of everything the checks
 call, C-level types' methods included, so that a candidate that replaces one is caught.
 """
 from __future__ import annotations
@@ -138,8 +138,10 @@ class KernelLog:
         self.window = record_function
         self.profile.__enter__()
 
-    def stop(self, labels: set[str]) -> dict[str, list[tuple[str, float]]]:
-        """label -> the (name, start µs, end µs) of each GPU kernel, copy and fill that started in its window."""
+    def stop(self, labels: set[str]) -> tuple[dict[str, list[tuple[str, float, float]]], dict[str, float]]:
+        """(label -> the (name, start µs, end µs) of each GPU kernel, copy and fill of the call timed in its
+        window, label -> when the call's GPU time began, in µs). A window opens with the timer's L2 flush, the
+        first kernel to start in it: it is left out, and its end is where the begin event is."""
         from torch.autograd import DeviceType
 
         self.profile.__exit__(None, None, None)
@@ -153,20 +155,29 @@ class KernelLog:
         windows.sort()
         starts = [w[0] for w in windows]
         found = {label: [] for _, _, label in windows}
-        for name, start, end in kernels:
+        for name, start, end in sorted(kernels, key=lambda k: k[1]):
             i = bisect.bisect_right(starts, start) - 1
             if i >= 0 and start <= windows[i][1]:
                 found[windows[i][2]].append((name, start, end))
-        return found
+        opened = {label: call.pop(0)[2] for label, call in found.items() if call and NEUTRAL_KERNEL.search(call[0][0])}
+        return found, opened
 
 
-def busy_ms(kernels: list[tuple[str, float, float]]) -> float:
-    """How long some kernel was running, in ms: the union of their intervals (kernels on streams overlap)."""
-    busy, reach = 0.0, -float("inf")
+def busy_ms(kernels: list[tuple[str, float, float]], since: float = -float("inf")) -> float:
+    """How long some kernel was running from `since` (µs) on, in ms: the union of their intervals (kernels on
+    streams overlap)."""
+    busy, reach = 0.0, since
     for _, start, end in sorted(kernels, key=lambda k: k[1]):
         busy += max(0.0, end - max(start, reach))
         reach = max(reach, end)
     return busy / 1e3
+
+
+def span_ms(kernels: list[tuple[str, float, float]], since: float) -> float:
+    """From `since` (µs), or an earlier start of one of the kernels, to the last end of one, in ms."""
+    if not kernels:
+        return 0.0
+    return (max(k[2] for k in kernels) - min(since, min(k[1] for k in kernels))) / 1e3
 
 
 def clone(inputs: list) -> list:
@@ -304,10 +315,13 @@ class TamperCheck:
 
 
 def make_timer(run: RunChild):
-    """timed(fn, args, label) -> (CUDA events' ms, the host's wall-clock ms, output): events around the call,
-    closed after a device-wide synchronize (work left on side streams counts), L2 flushed first, the host's
-    clock around the events and the kernel log's window, named `label`, around both, so that three clocks
-    see each call; on the CPU the wall clock alone (reported twice)."""
+    """timed(fn, args, label) -> (CUDA events' ms, the host's wall-clock ms, output): inside the kernel log's
+    window named `label`, L2 flushed, then events around the call and the host's clock around the events and a
+    device-wide synchronize, so that three clocks see each call; on the CPU the wall clock alone (reported
+    twice). The flush is still running as the call is launched, as a busy GPU would be: the launch's latency
+    is hidden behind it (about 20 µs a call on the H200, `bench/timer_protocols.py`), and the closing event
+    waits for no round trip through the host (25 to 65 µs). Work on a side stream the current stream never
+    waited for is outside the events; the kernel log counts it (`KernelLog.stop`'s spans)."""
     perf_counter = time.perf_counter
     if not run.cuda:
         def timed(fn, args: list, label: str) -> tuple[float, float, object]:
@@ -320,16 +334,15 @@ def make_timer(run: RunChild):
     Event, synchronize = torch.cuda.Event, torch.cuda.synchronize
 
     def timed(fn, args: list, label: str) -> tuple[float, float, object]:
-        run.flush.zero_()  # evict the inputs and last results from L2
-        synchronize()  # the flush done before the clocks start: no window, wall clock or share may see it
+        synchronize()  # the inputs and their clones made: nothing from before runs into the window
         begin, end = Event(enable_timing=True), Event(enable_timing=True)
         with window(label):
+            run.flush.zero_()  # evict the inputs and last results from L2: the window's first kernel
             wall = perf_counter()
             begin.record()
             out = fn(*args)
-            synchronize()  # device-wide: work left on side streams is counted
             end.record()
-            end.synchronize()
+            synchronize()  # device-wide, inside the window: every kernel of the call, on any stream, is in it
             wall = perf_counter() - wall
         return begin.elapsed_time(end), wall * 1e3, out
     return timed

@@ -173,11 +173,12 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help():
 
 # ------------------------------------------------------------------------------------- the timing's clocks
 
-def timed_calls(name: str, events_ms: float, wall_ms: float, kernel_ms: float, n: int = 5) -> tuple[dict, dict]:
-    """n timed calls of one model as the run child records them, each with one kernel of `kernel_ms`."""
+def timed_calls(name: str, events_ms: float, wall_ms: float, kernel_ms: float, n: int = 5) -> tuple[dict, dict, dict]:
+    """n timed calls of one model as the run child records them, each with one kernel of `kernel_ms` starting
+    2 µs after its flush ended."""
     calls = {name: [(f"{name}/{i}", events_ms, wall_ms) for i in range(n)]}
-    windows = {f"{name}/{i}": [("kernel", 1000.0 * i, 1000.0 * i + kernel_ms * 1e3)] for i in range(n)}
-    return calls, windows
+    windows = {f"{name}/{i}": [("kernel", 1000.0 * i + 2, 1000.0 * i + 2 + kernel_ms * 1e3)] for i in range(n)}
+    return calls, windows, {f"{name}/{i}": 1000.0 * i for i in range(n)}
 
 
 def test_clocks_that_agree_pass_even_when_a_loaded_host_lost_time_around_the_events():
@@ -193,6 +194,20 @@ def test_events_shorter_than_the_kernels_inside_them_are_a_faked_clock():
 def test_events_longer_than_the_wall_clock_around_them_are_a_faked_clock():
     assert ev.clock_mismatch(*timed_calls("reference", 0.06, 0.03, 0.02)).startswith("[clock-mismatch] the reference")
     assert ev.clock_mismatch(*timed_calls("reference", 0.0315, 0.03, 0.02)) is None  # within the events' resolution
+
+
+def test_a_calls_kernels_on_any_stream_count_from_the_begin_event_or_an_earlier_start():
+    """A call's GPU time is its events unless its kernels say it took longer: a side stream the current stream
+    never waited for, or one that started while the flush ran (before the begin event at the flush's end)."""
+    calls = {"candidate": [("a", 0.30, 0.4), ("b", 0.01, 0.4), ("c", 0.05, 0.4)]}
+    windows = {"a": [("k", 1002, 1290)],                    # inside its events
+               "b": [("k", 2002, 2010), ("side", 2005, 2300)],  # a side stream's kernel ending 0.29 ms on
+               "c": [("early", 2900, 3050)]}                # started 0.1 ms before the flush ended
+    opened = {"a": 1000, "b": 2000, "c": 3000}
+    times = [ms for _, ms, _ in ev.on_every_stream(calls, windows, opened)["candidate"]]
+    assert times == pytest.approx([0.30, 0.30, 0.15])
+    # The early kernel's part after the begin event lies inside the events: not a faked clock.
+    assert ev.clock_mismatch({"candidate": calls["candidate"][2:] * 3}, windows, opened) is None
 
 
 def test_a_wrong_timed_output_is_judged_by_asking_the_candidate_again_outside_the_timer():
@@ -234,7 +249,7 @@ H200_CLEAN = {"reference_min_ms": 0.02262, "timer_min_ms": 0.008, "reference_ker
 
 def test_a_tiny_reference_on_a_loaded_host_is_not_taken_for_a_slowed_one():
     """The H200's false alarm: 0.0917 ms beside the candidate, 0.0226 ms alone, while nvcc took every core;
-    the timer timing nothing was slowed as much, the kernels not at all."""
+    the timer's one-element kernel was slowed as much, the kernels not at all."""
     loaded = correct(reference_min_ms=0.0917, timer_min_ms=0.03, reference_kernel_ms=0.003)
     assert ev.slowed_reference(loaded, H200_CLEAN, 1.3) is None
 
