@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
 import resource
@@ -57,17 +58,18 @@ def _mp_context():
 
 
 def start_fork_server() -> None:
-    """Start the fork server now, from the main thread, with the terminal's Ctrl-C ignored (its exec keeps
-    that): a server that Ctrl-C kills while it imports torch fails the next child's start with an EOFError
-    in whatever thread starts it. The caller stops the children itself (`stop_every_child`)."""
-    if threading.current_thread() is not threading.main_thread():
-        return  # only the main thread may set a signal's handler
+    """Start the fork server now, with the terminal's Ctrl-C blocked in this thread (its exec keeps
+    the mask, and it ignores Ctrl-C once it has imported torch): a server that Ctrl-C kills while it imports
+    torch fails the next child's start with an EOFError in whatever thread starts it. Blocked, not ignored:
+    a Ctrl-C meanwhile waits, and is raised in the main thread as the mask is lifted (or at once, by a thread
+    that has it unblocked). The caller stops the children itself (`stop_every_child`)."""
     _mp_context()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    multiprocessing.resource_tracker.ensure_running()  # first: starting, it unblocks Ctrl-C whatever the caller did
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def hidden_from_children() -> list[str]:
