@@ -199,7 +199,7 @@ if __name__ == "__main__":
     policy = accelerator.unwrap_model(model)
     if lora:  # peft starts B at 0, which would leave nothing to merge
         factors = [p for name, p in policy.named_parameters() if "lora_B" in name]
-        with deepspeed.zero.GatheredParameters(factors, modifier_rank=0):
+        with deepspeed.zero.GatheredParameters(factors, modifier_rank=0), torch.no_grad():
             for p in factors:
                 p.normal_(std=0.05)
     state = accelerator.get_state_dict(model)  # DeepSpeed's own consolidation, on the CPU
