@@ -10,6 +10,7 @@ reference (a module-level function, pickled by name), so this module knows nothi
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing as mp
 import multiprocessing.forkserver
@@ -78,9 +79,14 @@ def hidden_from_children() -> list[str]:
     return [multiprocessing.util.get_temp_dir()]
 
 
-def _child_entry(conn, job, settings: ChildSettings, log_path: str, device: str | None, tmp: str, writable: list):
+def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, device: str | None, tmp: str,
+                 writable: list):
     """Runs in the child: own process group, output to a log, boxed in; sets up, waits for its one payload,
-    runs `job(payload)` and sends the result (a dict) back through `conn`."""
+    runs `job(payload)` and sends the result (a dict) back through `conn`. When the evaluator is gone, however
+    it went (kill -9 included), the lifeline's end closes and the kernel sends this process SIGIO, which it
+    does not handle: it dies too, even inside a kernel that never returns."""
+    fcntl.fcntl(lifeline.fileno(), fcntl.F_SETOWN, os.getpid())
+    fcntl.fcntl(lifeline.fileno(), fcntl.F_SETFL, fcntl.fcntl(lifeline.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
     os.setpgrp()
     if settings.nice:
         os.nice(10)
@@ -144,11 +150,13 @@ def start_child(job, settings: ChildSettings, log_path: str, device: str | None 
     ctx = _mp_context()
     tmp = tempfile.mkdtemp(prefix="tmp-", dir=os.path.dirname(log_path))
     conn, child_end = ctx.Pipe()
-    child = ctx.Process(target=_child_entry, args=(child_end, job, settings, log_path, device, tmp,
+    lifeline, held = ctx.Pipe(duplex=False)  # `held`, never written, closes with this process: the child ends
+    child = ctx.Process(target=_child_entry, args=(child_end, lifeline, job, settings, log_path, device, tmp,
                                                    list(writable)), daemon=True)
     child.start()
     child_end.close()
-    return child, conn, log_path, tmp
+    lifeline.close()
+    return child, conn, log_path, tmp, held
 
 
 def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None) -> dict:
@@ -156,7 +164,7 @@ def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None) ->
     child's own result dict. Its requests are answered by `serve(request)` meanwhile, and the time spent
     answering is not the child's: it is not counted against `timeout_s`. A reply {'timeout': True} from
     `serve` ends the child as timed out."""
-    child, conn, log_path, _ = started
+    child, conn, log_path, *_ = started
     result, timed_out, deadline = None, False, time.monotonic() + timeout_s
     try:
         conn.send(payload)
@@ -198,7 +206,7 @@ def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None) ->
 def stop_child(started: tuple) -> None:
     """Kill a child and anything it started (ninja, nvcc), e.g. one started ahead and not needed, and
     remove its private folder."""
-    child, _, _, tmp = started
+    child, _, _, tmp, _ = started
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

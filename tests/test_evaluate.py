@@ -3,6 +3,7 @@
 The CPU tests build real extensions with load_inline (C++ only) and run them in real child processes;
 the GPU tests do the same with the CUDA kernels in solutions/cuda/. Each file in solutions/ is named
 after the status the evaluator must give it."""
+import contextlib
 import json
 import os
 import re
@@ -788,6 +789,45 @@ def test_ctrl_c_as_the_run_starts_is_one_line_while_the_fork_server_still_import
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted: 0 of 2 written; re-run to resume" in stderr, stderr
+
+
+def children_of(pid: int) -> dict[int, float]:
+    """pid -> CPU seconds of each living process whose parent is `pid`."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return found
+
+
+def test_children_die_with_a_killed_evaluator_even_inside_a_kernel_that_never_returns(tmp_path):
+    """kill -9 of the evaluator while the spinning candidate is checked (a crash, the OOM killer, a scheduler's
+    preemption): no child spins on, holding a core (or a GPU) that later runs are timed on."""
+    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("timeout_spin")) + "\n")
+    command = [sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"),
+               "--device", "cpu", "--tasks", CPU["tasks"], "--run-timeout-s", "300", "--no-progress"]
+    proc = start_for_ctrl_c(command)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(  # a child of the fork server has spun for a second
+            cpu > 1 for server in fork_servers_of(proc.pid) for cpu in children_of(server).values()):
+        time.sleep(0.2)
+    servers = fork_servers_of(proc.pid)
+    spinning = [child for server in servers for child, cpu in children_of(server).items() if cpu > 1]
+    assert spinning, "the candidate never started spinning"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(children_of(server) for server in servers):
+        time.sleep(0.2)
+    left = [child for server in servers for child in children_of(server)]
+    for pid in left + servers:  # a failure here leaves nothing spinning for the tests after it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left
 
 
 def test_the_summary_of_nothing_says_so_and_none_correct_shows_no_nan():
