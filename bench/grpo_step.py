@@ -92,6 +92,9 @@ def parse_args(argv=None):
                    help="about this many tokens a batch: S = max(2, this // (prompt + reply)) samples")
     p.add_argument("--tokens-per-micro-batch", type=int, default=8192 if on_gpu else 128,
                    help="about this many tokens a forward pass: M = max(1, this // (prompt + reply)) samples")
+    p.add_argument("--logprob-chunk", type=int, default=512,
+                   help="train.py's --logprob-chunk on the project's side: reply tokens whose logits its output "
+                        "layer holds at a time")
     p.add_argument("--probe-longest", action="store_true",
                    help=f"also try a reply of {POSITIONS} - prompt tokens where every listed length of a model and "
                         "mode fitted")
@@ -152,7 +155,8 @@ def run_project(spec: dict, batch: dict, work: Path) -> dict:
     rollouts.write_text("".join(json.dumps(r) + "\n" for r in records))
     args = train.parse_args(["--model", spec["path"], "--rollouts", str(rollouts), "--tasks-per-step", "1",
                              "--max-tokens", str(spec["reply_tokens"]), "--micro-batch-size", str(spec["micro_batch"]),
-                             "--gradient-checkpointing", "--output-dir", str(work / "project"),
+                             "--gradient-checkpointing", "--logprob-chunk", str(spec["logprob_chunk"]),
+                             "--output-dir", str(work / "project"),
                              "--bf16" if spec["bf16"] else "--no-bf16",
                              *(["--lora-rank", str(LORA_RANK)] if spec["mode"] == "lora" else [])])
     run = train.setup(args)
@@ -290,7 +294,7 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
     samples, micro = batch_sizes(args, reply)
     spec = {"model": model, "mode": mode, "reply_tokens": reply, "side": side, "path": model_path(model),
             "prompt_tokens": args.prompt_tokens, "samples": samples, "micro_batch": micro,
-            "bf16": torch.cuda.is_available()}
+            "bf16": torch.cuda.is_available(), "logprob_chunk": args.logprob_chunk}
     launcher = [sys.executable]
     if mode == "zero3_offload":
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
@@ -304,6 +308,7 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
     row = {"model": model, "mode": mode, "reply_tokens": reply, "side": side, "tokens_per_s": result["tokens_per_s"],
            "peak_gib": result["peak_gib"], "fits": "error" not in result, "prompt_tokens": args.prompt_tokens,
            "samples": samples, "micro_batch": micro,
+           **({"logprob_chunk": args.logprob_chunk} if side == "project" else {}),
            **{k: result.get(k) for k in ("forwards", "forward_tokens", "optimizer_steps", "loss", "grad_norms",
                                          "host_peak_gib")},
            "wall_s": round(time.perf_counter() - started, 1), **({"error": result["error"]} if "error" in result else {})}
