@@ -95,12 +95,16 @@ def parse_args(argv=None):
     p.add_argument("--logprob-chunk", type=int, default=512,
                    help="train.py's --logprob-chunk on the project's side: reply tokens whose logits its output "
                         "layer holds at a time")
+    p.add_argument("--profile", metavar="DIR", help="write each side's profile of its timed window (ops and "
+                   "kernels by their own time) to DIR/MODEL-MODE-REPLY-SIDE.txt; profiled times are not comparable")
     p.add_argument("--probe-longest", action="store_true",
                    help=f"also try a reply of {POSITIONS} - prompt tokens where every listed length of a model and "
                         "mode fitted")
     p.add_argument("--out", default=str(REPO / "results" / "grpo_step.json"), help="rows as a JSON list")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one measurement, in its own process
     args = p.parse_args(argv)
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     for row in args.rows:
         model, mode, reply = (row.split(":") + ["", ""])[:3]
         if model not in SHAPES or mode not in ("full", "lora", "zero3_offload") or not reply.isdigit():
@@ -160,14 +164,17 @@ def run_project(spec: dict, batch: dict, work: Path) -> dict:
                              "--bf16" if spec["bf16"] else "--no-bf16",
                              *(["--lora-rank", str(LORA_RANK)] if spec["mode"] == "lora" else [])])
     run = train.setup(args)
-    work_done = Work(run.accelerator.unwrap_model(run.model))
+    work_done = Work(run.accelerator.unwrap_model(run.model), spec["profile"])
     train.update(args, run, 0, train.roll_out(args, run, 0))
     rollouts = train.roll_out(args, run, 1)
     synchronize()
-    started, work_done.on = time.perf_counter(), True
+    started = time.perf_counter()
+    work_done.begin()
     totals, grad_norms, _, memory = train.update(args, run, 1, rollouts)
     synchronize()
-    return {"seconds": time.perf_counter() - started, **work_done.counts(), "peak_gib": memory.get("memory/peak_gib"),
+    seconds = time.perf_counter() - started
+    work_done.end()
+    return {"seconds": seconds, **work_done.counts(), "peak_gib": memory.get("memory/peak_gib"),
             "loss": totals[0].item() / args.updates_per_batch, "grad_norms": grad_norms}
 
 
@@ -209,12 +216,14 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
                 synchronize()
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
-                self.started, work_done.on = time.perf_counter(), True
+                self.started = time.perf_counter()
+                work_done.begin()
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 4:
                 synchronize()
-                self.seconds, work_done.on = time.perf_counter() - self.started, False
+                self.seconds = time.perf_counter() - self.started
+                work_done.end()
 
     config = GRPOConfig(
         output_dir=str(work / "trl"), per_device_train_batch_size=micro, gradient_accumulation_steps=samples // micro,
@@ -238,7 +247,7 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
                                   args=config, train_dataset=Dataset.from_dict({"prompt": ["p"] * 4}),
                                   processing_class=AutoTokenizer.from_pretrained(spec["path"]), callbacks=[measure],
                                   peft_config=peft_config)
-    work_done = Work(trainer.model)
+    work_done = Work(trainer.model, spec["profile"])
     trainer.train()
     timed = [h for h in trainer.state.log_history if h.get("step") in (3, 4) and "loss" in h]
     return {"seconds": measure.seconds, **work_done.counts(),
@@ -247,14 +256,31 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
 
 
 class Work:
-    """What a side did while `on` (its timed window): forward passes of the policy and their tokens (counted
-    at the input embeddings), optimizer steps (any optimizer's). So the two sides' numbers are shown to cover
-    the same work, and tokens/s is counted tokens over the window's seconds."""
+    """What a side did in its timed window (`begin` to `end`): forward passes of the policy and their tokens
+    (counted at the input embeddings), optimizer steps (any optimizer's). So the two sides' numbers are shown
+    to cover the same work, and tokens/s is counted tokens over the window's seconds. With `profile`, a path,
+    the window's ops and kernels by their own time go there (torch.profiler: the row's times are not then
+    comparable with an unprofiled one's)."""
 
-    def __init__(self, model):
+    def __init__(self, model, profile: str | None = None):
         self.on, self.forwards, self.tokens, self.steps = False, 0, 0, 0
         model.get_input_embeddings().register_forward_hook(self.count_forward)
         register_optimizer_step_post_hook(self.count_step)
+        self.profile, self.profiler = profile, None
+
+    def begin(self) -> None:
+        self.on = True
+        if self.profile:
+            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            self.profiler = torch.profiler.profile(activities=activities[:1 + torch.cuda.is_available()])
+            self.profiler.__enter__()
+
+    def end(self) -> None:
+        self.on = False
+        if self.profiler:
+            self.profiler.__exit__(None, None, None)
+            by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+            Path(self.profile).write_text(self.profiler.key_averages().table(sort_by=by, row_limit=40) + "\n")
 
     def count_forward(self, module, args, output):
         if self.on:
@@ -294,7 +320,8 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
     samples, micro = batch_sizes(args, reply)
     spec = {"model": model, "mode": mode, "reply_tokens": reply, "side": side, "path": model_path(model),
             "prompt_tokens": args.prompt_tokens, "samples": samples, "micro_batch": micro,
-            "bf16": torch.cuda.is_available(), "logprob_chunk": args.logprob_chunk}
+            "bf16": torch.cuda.is_available(), "logprob_chunk": args.logprob_chunk,
+            "profile": str(Path(args.profile) / f"{model}-{mode}-{reply}-{side}.txt") if args.profile else None}
     launcher = [sys.executable]
     if mode == "zero3_offload":
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
