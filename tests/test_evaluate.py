@@ -759,17 +759,26 @@ def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
     assert "Traceback" not in stderr, stderr
 
 
+def children_of(pid: int) -> dict[int, float]:
+    """pid -> CPU seconds of each living process whose parent is `pid`."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return found
+
+
 def fork_servers_of(pid: int) -> list[int]:
     """The multiprocessing fork servers that process `pid` started (it imports torch for a second or more)."""
     found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            ppid = int(re.search(r"^PPid:\s*(\d+)", status.read_text(), re.M).group(1))
-            cmdline = (status.parent / "cmdline").read_bytes()
-        except (OSError, AttributeError):
-            continue
-        if ppid == pid and b"multiprocessing.forkserver" in cmdline:
-            found.append(int(status.parent.name))
+    for child in children_of(pid):
+        with contextlib.suppress(OSError):
+            if b"multiprocessing.forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
     return found
 
 
@@ -789,19 +798,6 @@ def test_ctrl_c_as_the_run_starts_is_one_line_while_the_fork_server_still_import
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted: 0 of 2 written; re-run to resume" in stderr, stderr
-
-
-def children_of(pid: int) -> dict[int, float]:
-    """pid -> CPU seconds of each living process whose parent is `pid`."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return found
 
 
 def test_children_die_with_a_killed_evaluator_even_inside_a_kernel_that_never_returns(tmp_path):
