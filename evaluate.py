@@ -1007,10 +1007,11 @@ class _Evaluation:
         to 0.096 ms across fresh processes, so one clean process that happened to be fast proves nothing. A
         reference that the candidate slowed is slower than all of them."""
         why = slowed_reference(outcome, clean, self.cfg.max_reference_slowdown)
-        for _ in range(CLEAN_RETIMES if why else 0):
-            if not (why := slowed_reference(outcome, self.clean_reference(payload, next(logs), now=True),
-                                            self.cfg.max_reference_slowdown)):
+        for _ in range(CLEAN_RETIMES):
+            if not why:
                 break
+            why = slowed_reference(outcome, self.clean_reference(payload, next(logs), now=True),
+                                   self.cfg.max_reference_slowdown)
         return why
 
     def feed_device(self, device: str, workdir: str, candidates: int) -> None:

@@ -85,8 +85,9 @@ def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, de
     runs `job(payload)` and sends the result (a dict) back through `conn`. When the evaluator is gone, however
     it went (kill -9 included), the lifeline's end closes and the kernel sends this process SIGIO, which it
     does not handle: it dies too, even inside a kernel that never returns."""
-    fcntl.fcntl(lifeline.fileno(), fcntl.F_SETOWN, os.getpid())
-    fcntl.fcntl(lifeline.fileno(), fcntl.F_SETFL, fcntl.fcntl(lifeline.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
+    alive = lifeline.fileno()  # `lifeline` stays open as long as this function runs
+    fcntl.fcntl(alive, fcntl.F_SETOWN, os.getpid())
+    fcntl.fcntl(alive, fcntl.F_SETFL, fcntl.fcntl(alive, fcntl.F_GETFL) | os.O_ASYNC)
     os.setpgrp()
     if settings.nice:
         os.nice(10)

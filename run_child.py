@@ -2,11 +2,12 @@
 
 evaluate.py's checks (correctness, the own-kernel share, timing) say what a candidate must do; this is how
 they look: inputs made on the device, memory poisoned with NaN, outputs probed before a synchronize, an
-independent draw of inputs for every timed call, the timer (L2 flushed, CUDA events around the call, the host's
-wall clock around them and a device-wide synchronize; the wall clock alone on the CPU), the kernel log
+independent draw of inputs for every timed call, the timer (L2 flushed, CUDA events around the call, the
+host's wall clock around them and a device-wide synchronize; the wall clock alone on the CPU), the kernel log
 (torch's profiler on from before the candidate is imported to the last timed call, so that every call looks
-alike to it; it also times each call's kernels on every stream), the process-wide settings the reference runs under, and the identities of everything the checks
-call, C-level types' methods included, so that a candidate that replaces one is caught.
+alike to it; it also times each call's kernels on every stream), the process-wide settings the reference
+runs under, and the identities of everything the checks call, C-level types' methods included, so that a
+candidate that replaces one is caught.
 """
 from __future__ import annotations
 
@@ -321,7 +322,8 @@ def make_timer(run: RunChild):
     twice). The flush is still running as the call is launched, as a busy GPU would be: the launch's latency
     is hidden behind it (about 20 µs a call on the H200, `bench/timer_protocols.py`), and the closing event
     waits for no round trip through the host (25 to 65 µs). Work on a side stream the current stream never
-    waited for is outside the events; the kernel log counts it (`KernelLog.stop`'s spans)."""
+    waited for is outside the events; the kernel log counts it (`KernelLog.stop` gives where each call's GPU
+    time began, evaluate.py's `on_every_stream` the span of its kernels from there)."""
     perf_counter = time.perf_counter
     if not run.cuda:
         def timed(fn, args: list, label: str) -> tuple[float, float, object]:
