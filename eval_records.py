@@ -18,6 +18,12 @@ def library_records(folder: str | Path) -> list[dict]:
              "solution": f"{f.parent.name}/{f.name.removesuffix('.py')}"} for f in files]
 
 
+def with_tasks_from(records: list[dict], index: dict, folder: str | Path) -> list[dict]:
+    """`records`, each whose task `index` lacks naming it by its file in `folder`: tests/adversarial/tasks
+    holds a transpose, which no task set of the project has."""
+    return [r if r["task"] in index else {**r, "task": str(Path(folder) / f"{r['task']}.py")} for r in records]
+
+
 def read_records(source: str) -> list[dict]:
     """JSONL records from a file or stdin, each checked for `task` and `code`; one-line errors."""
     try:

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate as ev  # noqa: E402
+from eval_records import with_tasks_from  # noqa: E402
 
 PROFILES = ("kevin", "kernelbench")
 
@@ -54,10 +55,9 @@ def main():
     kind, _ = ev.resolve_device(ev.EvalConfig(device=args.device))
     folders = [Path("solutions") / kind, Path("tests") / "adversarial" / kind]
     tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
-    index, elsewhere = ev.load_tasks(tasks), ev.ROOT / "tests" / "adversarial" / "tasks"  # a transpose: only there
-    records = [{**r, "solution": f"{folder}/{r['solution']}",
-                "task": r["task"] if r["task"] in index else str(elsewhere / f"{r['task']}.py")}
-               for folder in folders for r in ev.library_records(ev.ROOT / folder)]
+    records = with_tasks_from([{**r, "solution": f"{folder}/{r['solution']}"} for folder in folders
+                               for r in ev.library_records(ev.ROOT / folder)],
+                              ev.load_tasks(tasks), ev.ROOT / "tests" / "adversarial" / "tasks")
     results = {rules: ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks, rules=rules,
                                                          timing_budget_s=args.timing_budget_s,
                                                          run_timeout_s=args.run_timeout_s)) for rules in PROFILES}

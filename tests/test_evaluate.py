@@ -22,6 +22,7 @@ import torch
 import build_cache
 import config_flags
 import evaluate as ev
+from eval_records import with_tasks_from
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = dict(device="cpu", tasks=str(ROOT / "tests" / "tasks"), run_timeout_s=30, timing_budget_s=1.0, progress=False)
@@ -661,10 +662,8 @@ def test_every_cuda_candidate_gets_the_status_its_name_promises(cuda_results):
 def cuda_adversarial_results():
     """The CUDA tricks and their honest twins; a task that tasks/ lacks (a transpose, whose whole work a copy
     can do) is in tests/adversarial/tasks/."""
-    index = ev.load_tasks(ROOT / "tasks")
-    elsewhere = ROOT / "tests" / "adversarial" / "tasks"
-    records = [r if r["task"] in index else {**r, "task": str(elsewhere / f"{r['task']}.py")}
-               for r in ev.library_records(ROOT / "tests" / "adversarial" / "cuda")]
+    records = with_tasks_from(ev.library_records(ROOT / "tests" / "adversarial" / "cuda"),
+                              ev.load_tasks(ROOT / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
     return kept("adversarial_cuda", records,
                 ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=60, progress=False)))
 
