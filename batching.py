@@ -4,6 +4,7 @@ that generation did; and the output layer that train.py puts in the policy so th
 vocabulary-sized logits never exist at once."""
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +71,9 @@ def reply_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 class LogprobHead(torch.nn.Module):
     """The policy's output layer, in place of its lm_head. While `scoring` is set, the model's forward gives,
     in place of logits, the log-prob of each target token and the entropy at its position (batch, width, 2),
-    from `chunk` reply tokens' logits at a time (ChunkedScores): whatever the reply length, the loss holds one
-    chunk's logits (chunk x vocabulary x 2 bytes in bf16 on a GPU, about 8 in eager fp32 on a CPU), never
+    from `chunk` reply tokens' logits a vocabulary tile at a time (ChunkedScores): whatever the reply length and
+    vocabulary, the loss holds one chunk's logits of one tile, and in backward their gradient beside them
+    (2 x chunk x VOCABULARY_TILE x 2 bytes in bf16 on a GPU, about 4 times that in eager fp32 on a CPU), never
     (batch x width x vocabulary) of them and as much again for their gradient. Otherwise it is the plain
     linear layer (generation). It holds lm_head's own parameters under their names, so checkpoints, tied
     embeddings, LoRA and sharding (FSDP, ZeRO-3 gather a module's own parameters for its forward and
@@ -95,28 +97,28 @@ class LogprobHead(torch.nn.Module):
 
 
 class ChunkedScores(torch.autograd.Function):
-    """(log-prob of each target, entropy) at a temperature, from rows of final hidden states: logits `chunk`
-    rows at a time, the matmul in the autocast dtype (as the plain layer's) and the rest in fp32, each chunk's
-    freed before the next. Backward recomputes the logits a chunk and a vocabulary tile at a time, turns them
-    into their gradient, d log p / d z = onehot - softmax (the forward's log normaliser makes a tile's softmax),
-    and sums its products in fp32. The entropy is for watching only (no gradient)."""
+    """(log-prob of each target, entropy) at a temperature, from rows of final hidden states, without their
+    logits ever existing whole: `chunk` rows x a vocabulary tile of logits at a time, the matmul in the autocast
+    dtype (as the plain layer's), folded in fp32 into each row's running log-sum-exp (fold_tile) and freed
+    before the next. Backward recomputes the logits a chunk and a tile at a time, turns them into their gradient,
+    d log p / d z = onehot - softmax (the forward's log normaliser makes a tile's softmax), and sums its products
+    in fp32. The entropy is for watching only (no gradient)."""
 
     @staticmethod
     def forward(ctx, rows, weight, bias, targets, temperature: float, chunk: int):
         device = rows.device.type
         low = rows.to(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else rows.dtype)
-        scores = torch.empty((len(rows), 2), device=rows.device)
-        log_norm = torch.empty(len(rows), device=rows.device)
-        for i in range(0, len(rows), chunk):
-            r = low[i:i + chunk]
-            logits = r.new_empty((len(r), len(weight)))
-            for start, w, b in vocabulary_tiles(weight, bias, r.dtype):
-                logits[:, start:start + len(w)] = torch.nn.functional.linear(r, w, b)
-            logprobs, entropy, log_norm[i:i + chunk] = chunk_scores(logits, targets[i:i + chunk], temperature)
-            scores[i:i + chunk] = torch.stack([logprobs, entropy], -1)
+        stats = torch.zeros((4, len(rows)), device=rows.device)  # per row: max, sum exp, sum exp x logit, target
+        stats[0] = -math.inf
+        for start, w, b in vocabulary_tiles(weight, bias, low.dtype):  # each tile cast once
+            for i in range(0, len(rows), chunk):
+                stats[:, i:i + chunk] = fold_tile(torch.nn.functional.linear(low[i:i + chunk], w, b),
+                                                  targets[i:i + chunk] - start, stats[:, i:i + chunk], temperature)
+        top, total, weighted, target_logit = stats
+        log_norm = top + total.log()
         ctx.save_for_backward(low, weight, bias, targets, log_norm)
         ctx.temperature, ctx.chunk, ctx.rows_dtype = temperature, chunk, rows.dtype
-        return scores
+        return torch.stack([target_logit - log_norm, log_norm - weighted / total], -1)
 
     @staticmethod
     def backward(ctx, grad_scores):
@@ -164,13 +166,18 @@ def compiled_on_gpu(fn):
 
 
 @compiled_on_gpu
-def chunk_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
-    """(log-prob of each target, entropy, log normaliser) in fp32 at `temperature` from one chunk's logits."""
-    z = logits.float().div_(temperature)
-    log_norm = torch.logsumexp(z, -1)
-    logprobs = z.gather(-1, targets[:, None]).squeeze(-1) - log_norm
-    logp = z.sub_(log_norm[:, None])
-    return logprobs, -logp.exp().mul_(logp).sum(-1), log_norm
+def fold_tile(logits: torch.Tensor, local_targets: torch.Tensor, stats: torch.Tensor, temperature: float):
+    """One vocabulary tile of a chunk's logits folded into its rows' running (max, sum of exp, sum of exp x logit,
+    target logit), all of logits / temperature in fp32: an online log-sum-exp, whose entropy is log Z - E_p[z]."""
+    z = logits.float() / temperature
+    top, total, weighted, target_logit = stats
+    new_top = torch.maximum(top, z.amax(-1))
+    scale = torch.exp(top - new_top)
+    e = torch.exp(z - new_top[:, None])
+    inside = (local_targets >= 0) & (local_targets < z.shape[1])
+    picked = z.gather(-1, local_targets.clamp(0, z.shape[1] - 1)[:, None]).squeeze(-1)
+    return torch.stack([new_top, total * scale + e.sum(-1), weighted * scale + (e * z).sum(-1),
+                        torch.where(inside, picked, target_logit)])
 
 
 @compiled_on_gpu

@@ -349,9 +349,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train LoRA adapters of this rank (alpha = 2 x rank) on every linear layer instead of all "
                         "weights; 0: full fine-tuning (needs peft)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward to save memory")
-    p.add_argument("--logprob-chunk", type=int, default=512,
-                   help="reply tokens whose vocabulary-sized logits the loss computes at once (and again in "
-                        "backward); memory ~ chunk x vocabulary x 2 bytes on a GPU, whatever the reply length")
+    p.add_argument("--logprob-chunk", type=int, default=2048,
+                   help="reply tokens whose logits the loss computes at once, a vocabulary tile of 32,768 at a time "
+                        "(and again in backward); memory ~ 2 x chunk x 32,768 x 2 bytes on a GPU, whatever the "
+                        "reply length and vocabulary")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 mixed precision, fp32 master weights (default: on with a GPU, off without)")
     # tasks and rollouts (defaults: the paper's for a real model on a GPU, a small demo otherwise)

@@ -237,18 +237,20 @@ def test_chunked_logprob_head_gives_the_full_logits_loss_entropy_and_gradients(t
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_heads_functions_compile_to_what_they_compute_eagerly(dtype):
-    """What a GPU runs (torch.compile of chunk_scores and tile_gradient, dynamic shapes), traced and run here
-    by the CPU's compiler: the same scores and gradient as eager, for a tile that holds some targets only."""
+    """What a GPU runs (torch.compile of fold_tile and tile_gradient, dynamic shapes), traced and run here by
+    the CPU's compiler: the same running statistics and gradient as eager, for a tile that holds some targets
+    only (vocabulary rows 100 to 399: some targets before it), folded into statistics of earlier tiles."""
     torch.manual_seed(0)
     logits, targets, grad = (torch.randn(7, 300) * 3).to(dtype), torch.randint(0, 300, (7,)), torch.randn(7)
-    scores = batching.chunk_scores.__wrapped__
-    tile_gradient = batching.tile_gradient.__wrapped__
-    expected = scores(logits.clone(), targets, 0.9)
-    for got, want in zip(torch.compile(scores, dynamic=True)(logits.clone(), targets, 0.9), expected):
-        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
-    args = (targets - 100, expected[2], grad, 0.9)  # tile of vocabulary rows 100 to 399: some targets before it
+    fold, tile_gradient = batching.fold_tile.__wrapped__, batching.tile_gradient.__wrapped__
+    earlier = torch.stack([torch.randn(7) + 5, torch.rand(7) + 0.5, torch.randn(7), torch.randn(7)])
+    args = (targets - 100, earlier, 0.9)
+    got, want = torch.compile(fold, dynamic=True)(logits.clone(), *args), fold(logits.clone(), *args)
+    assert ((targets - 100) < 0).any() and not torch.equal(want[3], earlier[3])
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    args = (targets - 100, torch.logsumexp(logits.float() / 0.9, -1), grad, 0.9)
     got, want = torch.compile(tile_gradient, dynamic=True)(logits.clone(), *args), tile_gradient(logits.clone(), *args)
-    assert got.dtype == dtype and ((targets - 100) < 0).any()
+    assert got.dtype == dtype
     assert torch.allclose(got.float(), want.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6)
 
 
