@@ -8,21 +8,23 @@ settings: beta 0, the Dr. GRPO normaliser (R), eps 0.2 / 0.28, temperature 0.9, 
 clipped at 0.05, AdamW (DeepSpeed's CPU Adam under ZeRO offload), 2 optimizer steps per batch, bf16 autocast
 over fp32 weights (bf16 weights under ZeRO-3, whose optimizer keeps the fp32 copy), gradient checkpointing,
 micro-batches of M samples accumulated over the batch. Each side does the same work, and the row shows it:
-  trl      GRPOTrainer.train() for 4 optimizer steps, its generation bypassed: _generate_and_score_completions
+  trl      GRPOTrainer.train() for 2 + 2K optimizer steps, its generation bypassed: _generate_and_score_completions
            returns the pre-built batch (no prompt truncation, no old log-prob pass: they are given), which
            num_iterations 2 reuses for 2 steps, split into S / M micro-batches (steps_per_generation = the
            gradient accumulation); token-level importance ratios; its fused LM head scores the R completion
-           positions only. Timed: from on_step_begin of step 3 to on_step_end of step 4 (2 optimizer steps,
-           the bypassed call, TRL's own metrics and step 3's logging).
+           positions only. Timed: K windows of 2 optimizer steps, on_step_begin of step 3 to on_step_end of
+           step 4 the first (the bypassed call, TRL's own metrics and its logging included).
   project  train.py's own setup() and update() on the same batch written as a --rollouts file: step 1's
-           update warms up, step 2's update() call (its 2 optimizer steps) is timed.
-In the timed window each side counts the policy's forward passes and their tokens (a hook on the input
-embeddings) and the optimizer steps; tokens/s is those tokens over the window's seconds, and the rows of
-both sides must show the same three counts (2 x S / M forwards of M x (1,024 + R) tokens, 2 steps). Loss (the
-mean over the 2 timed steps: TRL's logged losses, train.py's summed micro-batch losses) and each step's
-gradient norm (before clipping) are recorded for both: equal work gives equal numbers.
+           update warms up, then K more update() calls (2 optimizer steps each) are timed, one a window.
+In each timed window each side counts the policy's forward passes and their tokens (a hook on the input
+embeddings) and the optimizer steps; tokens/s is a window's tokens over the median window's seconds (K =
+--repeats: both sides wait on the host at these sizes, so one window is at the mercy of the moment), and the
+rows of both sides must show the same three counts a window (2 x S / M forwards of M x (1,024 + R) tokens, 2
+steps). Loss (the mean over the first window's 2 steps: TRL's logged losses, train.py's summed micro-batch
+losses) and each of its steps' gradient norm (before clipping) are recorded for both: equal work gives
+equal numbers.
 S and M are chosen per length (--tokens-per-update) so that each row takes seconds: tokens/s and peak memory
-need no 64 samples at 16K. Peak memory is torch's peak allocation over the timed steps (weights, gradients,
+need no 64 samples at 16K. Peak memory is torch's peak allocation over the timed windows (weights, gradients,
 optimizer state, activations). Each measurement runs in a fresh process, launched as its mode needs
 (`accelerate launch --config_file configs/deepspeed_zero3.yaml` for zero3_offload): no side inherits the
 other's allocator, Accelerate's GradientState (shared by every Accelerator of a process: left set by one
@@ -41,8 +43,8 @@ benchmark-only dependency (README: carried wheels), as is DeepSpeed for zero3_of
 "0.5b", "7b": Qwen2.5-7B's shape, untied embeddings, 7.6B parameters), mode ("full", "lora" rank 16 on
 every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, the batch
 (prompt_tokens, samples, micro_batch), the work counted (forwards, forward_tokens, optimizer_steps), loss,
-grad_norms, host_peak_gib (the process's peak resident memory: where ZeRO-Offload keeps the optimizer),
-wall_s, error.
+grad_norms, window_s (every window's seconds), host_peak_gib (the process's peak resident memory: where
+ZeRO-Offload keeps the optimizer), wall_s, error.
 """
 import argparse
 import json
@@ -50,6 +52,7 @@ import math
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,17 +95,22 @@ def parse_args(argv=None):
                    help="about this many tokens a batch: S = max(2, this // (prompt + reply)) samples")
     p.add_argument("--tokens-per-micro-batch", type=int, default=8192 if on_gpu else 128,
                    help="about this many tokens a forward pass: M = max(1, this // (prompt + reply)) samples")
-    p.add_argument("--logprob-chunk", type=int, default=512,
+    p.add_argument("--logprob-chunk", type=int, default=DEFAULTS.logprob_chunk,
                    help="train.py's --logprob-chunk on the project's side: reply tokens whose logits its output "
-                        "layer holds at a time")
+                        "layer makes a vocabulary tile at a time")
+    p.add_argument("--repeats", type=int, default=3, help="timed windows of 2 optimizer steps a side; the median's "
+                   "seconds make tokens/s")
     p.add_argument("--profile", metavar="DIR", help="write each side's profile of its timed window (ops and "
-                   "kernels by their own time) to DIR/MODEL-MODE-REPLY-SIDE.txt; profiled times are not comparable")
+                   "kernels by their own GPU time, then by host time: a side that waits on the host shows there) "
+                   "to DIR/MODEL-MODE-REPLY-SIDE.txt; profiled times are not comparable")
     p.add_argument("--probe-longest", action="store_true",
                    help=f"also try a reply of {POSITIONS} - prompt tokens where every listed length of a model and "
                         "mode fitted")
     p.add_argument("--out", default=str(REPO / "results" / "grpo_step.json"), help="rows as a JSON list")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one measurement, in its own process
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats {args.repeats}: at least 1")
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     for row in args.rows:
@@ -148,7 +156,7 @@ def model_path(name: str) -> str:
 
 # ---------------------------------------------------------------- the two sides (each in its own process)
 def run_project(spec: dict, batch: dict, work: Path) -> dict:
-    """train.py's setup() and update(): step 1 warms up, step 2's update() call is timed."""
+    """train.py's setup() and update(): step 1 warms up, then each of --repeats update() calls is a window."""
     turn = {"turn": 0, "prompt": {"messages": [], "token_ids": batch["prompt"]}, "code": "", "summary": "",
             "eval": {"status": "correct", "compiled": True, "correct": True, "speedup": 1.0, "feedback": ""}}
     records = [{"task": f"bench/step{step}", "trajectory": k, "turns": [{
@@ -166,20 +174,19 @@ def run_project(spec: dict, batch: dict, work: Path) -> dict:
     run = train.setup(args)
     work_done = Work(run.accelerator.unwrap_model(run.model), spec["profile"])
     train.update(args, run, 0, train.roll_out(args, run, 0))
-    rollouts = train.roll_out(args, run, 1)
-    synchronize()
-    started = time.perf_counter()
-    work_done.begin()
-    totals, grad_norms, _, memory = train.update(args, run, 1, rollouts)
-    synchronize()
-    seconds = time.perf_counter() - started
-    work_done.end()
-    return {"seconds": seconds, **work_done.counts(), "peak_gib": memory.get("memory/peak_gib"),
+    rollouts, windows = train.roll_out(args, run, 1), []
+    for _ in range(spec["repeats"]):
+        work_done.begin()
+        windows.append(train.update(args, run, 1, rollouts))
+        work_done.end()
+    (totals, grad_norms, _, _), peaks = windows[0], [memory.get("memory/peak_gib") for *_, memory in windows]
+    return {**work_done.counts(), "peak_gib": None if None in peaks else max(peaks),
             "loss": totals[0].item() / args.updates_per_batch, "grad_norms": grad_norms}
 
 
 def run_trl(spec: dict, batch: dict, work: Path) -> dict:
-    """GRPOTrainer.train() for 4 optimizer steps on the pre-built batch: steps 3 and 4 are timed."""
+    """GRPOTrainer.train() for 2 + 2 x --repeats optimizer steps on the pre-built batch: from step 3 on, each
+    pair of steps is a window."""
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -212,22 +219,19 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
 
     class Measure(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            if state.global_step == 2:
-                synchronize()
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-                self.started = time.perf_counter()
+            if state.global_step == 2 and cuda:
+                torch.cuda.reset_peak_memory_stats()
+            if state.global_step >= 2 and state.global_step % 2 == 0:
                 work_done.begin()
 
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == 4:
-                synchronize()
-                self.seconds = time.perf_counter() - self.started
+            if state.global_step > 2 and state.global_step % 2 == 0:
                 work_done.end()
 
     config = GRPOConfig(
         output_dir=str(work / "trl"), per_device_train_batch_size=micro, gradient_accumulation_steps=samples // micro,
-        num_generations=samples, max_completion_length=reply, num_iterations=DEFAULTS.updates_per_batch, max_steps=4,
+        num_generations=samples, max_completion_length=reply, num_iterations=DEFAULTS.updates_per_batch,
+        max_steps=2 + 2 * spec["repeats"],
         beta=DEFAULTS.beta, loss_type="dr_grpo", epsilon=DEFAULTS.eps_low, epsilon_high=DEFAULTS.eps_high,
         temperature=DEFAULTS.temperature, learning_rate=DEFAULTS.lr, lr_scheduler_type="constant",
         weight_decay=DEFAULTS.weight_decay, optim="adamw_torch", max_grad_norm=DEFAULTS.max_grad_norm,
@@ -242,45 +246,52 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
 
         peft_config = LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules="all-linear",
                                  task_type="CAUSAL_LM")
-    measure = Measure()
     trainer = BypassedGRPOTrainer(model=spec["path"], reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                                   args=config, train_dataset=Dataset.from_dict({"prompt": ["p"] * 4}),
-                                  processing_class=AutoTokenizer.from_pretrained(spec["path"]), callbacks=[measure],
+                                  processing_class=AutoTokenizer.from_pretrained(spec["path"]), callbacks=[Measure()],
                                   peft_config=peft_config)
     work_done = Work(trainer.model, spec["profile"])
     trainer.train()
     timed = [h for h in trainer.state.log_history if h.get("step") in (3, 4) and "loss" in h]
-    return {"seconds": measure.seconds, **work_done.counts(),
+    return {**work_done.counts(),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
             "loss": sum(h["loss"] for h in timed) / len(timed), "grad_norms": [h["grad_norm"] for h in timed]}
 
 
 class Work:
-    """What a side did in its timed window (`begin` to `end`): forward passes of the policy and their tokens
-    (counted at the input embeddings), optimizer steps (any optimizer's). So the two sides' numbers are shown
-    to cover the same work, and tokens/s is counted tokens over the window's seconds. With `profile`, a path,
-    the window's ops and kernels by their own time go there (torch.profiler: the row's times are not then
-    comparable with an unprofiled one's)."""
+    """What a side did in its timed windows (each `begin` to `end`, the GPU synchronised at both): their
+    seconds, and a window's forward passes of the policy and their tokens (counted at the input embeddings) and
+    optimizer steps (any optimizer's). So the two sides' numbers are shown to cover the same work, and tokens/s
+    is a window's tokens over the median window's seconds. With `profile`, a path, the first window's ops and
+    kernels by their own time go there (torch.profiler: the row's times are not then comparable with an
+    unprofiled one's)."""
 
     def __init__(self, model, profile: str | None = None):
-        self.on, self.forwards, self.tokens, self.steps = False, 0, 0, 0
+        self.on, self.forwards, self.tokens, self.steps, self.windows = False, 0, 0, 0, []
         model.get_input_embeddings().register_forward_hook(self.count_forward)
         register_optimizer_step_post_hook(self.count_step)
         self.profile, self.profiler = profile, None
 
     def begin(self) -> None:
+        synchronize()
         self.on = True
-        if self.profile:
+        if self.profile and not self.windows:
             activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
             self.profiler = torch.profiler.profile(activities=activities[:1 + torch.cuda.is_available()])
             self.profiler.__enter__()
+        self.started = time.perf_counter()
 
     def end(self) -> None:
+        synchronize()
+        self.windows.append(time.perf_counter() - self.started)
         self.on = False
         if self.profiler:
             self.profiler.__exit__(None, None, None)
-            by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-            Path(self.profile).write_text(self.profiler.key_averages().table(sort_by=by, row_limit=40) + "\n")
+            ops = self.profiler.key_averages()
+            tables = [ops.table(sort_by=by, row_limit=40) for by in
+                      ("self_cuda_time_total", "cpu_time_total")[not torch.cuda.is_available():]]
+            Path(self.profile).write_text("\n".join(tables))
+            self.profiler = None
 
     def count_forward(self, module, args, output):
         if self.on:
@@ -290,7 +301,9 @@ class Work:
         self.steps += self.on
 
     def counts(self) -> dict:
-        return {"forwards": self.forwards, "forward_tokens": self.tokens, "optimizer_steps": self.steps}
+        k = len(self.windows)
+        return {"seconds": statistics.median(self.windows), "window_s": [round(w, 4) for w in self.windows],
+                "forwards": self.forwards // k, "forward_tokens": self.tokens // k, "optimizer_steps": self.steps // k}
 
 
 def synchronize() -> None:
@@ -320,7 +333,7 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
     samples, micro = batch_sizes(args, reply)
     spec = {"model": model, "mode": mode, "reply_tokens": reply, "side": side, "path": model_path(model),
             "prompt_tokens": args.prompt_tokens, "samples": samples, "micro_batch": micro,
-            "bf16": torch.cuda.is_available(), "logprob_chunk": args.logprob_chunk,
+            "bf16": torch.cuda.is_available(), "logprob_chunk": args.logprob_chunk, "repeats": args.repeats,
             "profile": str(Path(args.profile) / f"{model}-{mode}-{reply}-{side}.txt") if args.profile else None}
     launcher = [sys.executable]
     if mode == "zero3_offload":
@@ -337,7 +350,7 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
            "samples": samples, "micro_batch": micro,
            **({"logprob_chunk": args.logprob_chunk} if side == "project" else {}),
            **{k: result.get(k) for k in ("forwards", "forward_tokens", "optimizer_steps", "loss", "grad_norms",
-                                         "host_peak_gib")},
+                                         "window_s", "host_peak_gib")},
            "wall_s": round(time.perf_counter() - started, 1), **({"error": result["error"]} if "error" in result else {})}
     if "error" in result:
         print(f"  {side}: {result.get('error')}\n{done.stderr[-2000:]}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """bench/grpo_step.py at toy sizes on the CPU: train.py's side, and TRL's beside it where TRL is installed (a
-benchmark-only dependency)."""
+benchmark-only dependency); bench/logprob_head.py, the output layer alone, likewise."""
 import json
 import os
 import subprocess
@@ -27,7 +27,8 @@ def test_each_row_is_written_as_it_finishes_and_a_rerun_skips_it(tmp_path):
     assert {k: row[k] for k in ("model", "mode", "reply_tokens", "side", "fits")} == \
         {"model": "tiny", "mode": "full", "reply_tokens": 16, "side": "project", "fits": True}
     assert row["tokens_per_s"] > 0 and len(row["grad_norms"]) == 2 and row["samples"] % row["micro_batch"] == 0
-    assert (row["forwards"], row["optimizer_steps"]) == (2 * row["samples"] // row["micro_batch"], 2)
+    assert (row["forwards"], row["optimizer_steps"]) == (2 * row["samples"] // row["micro_batch"], 2)  # a window's
+    assert len(row["window_s"]) == 3 and min(row["window_s"]) > 0
     assert row["forward_tokens"] == 2 * row["samples"] * (row["prompt_tokens"] + 16)  # both updates' batches
     assert 0.1 < row["host_peak_gib"] < 100
     again = run_bench("--rows", "tiny:full:16", "--sides", "project", "--out", str(out))
@@ -69,3 +70,15 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
                                             "mismatch TrainingArguments values:")
     killed = "Root Cause (first observed failure):\n  exitcode  : -9 (pid: 12)\n  error_file: <N/A>\n" + "=" * 40
     assert grpo_step.first_error(killed) == "exitcode  : -9 (pid: 12)"
+
+
+def test_the_output_layer_bench_times_every_chunk_beside_the_whole_logits(tmp_path):
+    out = tmp_path / "head.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "logprob_head.py"), "--shapes", "64:32:300",
+                           "--chunks", "8", "16", "--repeats", "2", "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["path"] for r in rows] == ["whole logits", "chunk 8", "chunk 16", "4 matmuls"]
+    assert all(r["ms"] > 0 for r in rows) and rows[0]["speedup_vs_whole"] == 1.0
+    assert "| 64 | 32 | 300 | chunk 16 |" in done.stdout
