@@ -143,7 +143,7 @@ class ChunkedScores(torch.autograd.Function):
                 grad_bias if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
 
 
-VOCABULARY_TILE = 32768  # rows of an fp32 weight cast to the matmul's dtype at once
+VOCABULARY_TILE = 32768  # output-layer rows a tile: cast to the matmul's dtype at once, and the logits' width
 
 
 def vocabulary_tiles(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
