@@ -3,7 +3,7 @@ warm_start.py (supervised) and train.py (GRPO) share, so that both see the same 
 that generation did; and the output layer that train.py puts in the policy so that a 16K-token reply's
 vocabulary-sized logits never exist at once."""
 
-import functools
+import importlib.util
 import math
 from dataclasses import dataclass
 
@@ -72,8 +72,8 @@ class LogprobHead(torch.nn.Module):
     """The policy's output layer, in place of its lm_head. While `scoring` is set, the model's forward gives,
     in place of logits, the log-prob of each target token and the entropy at its position (batch, width, 2),
     from `chunk` reply tokens' logits a vocabulary tile at a time (ChunkedScores): whatever the reply length and
-    vocabulary, the loss holds one chunk's logits of one tile, and in backward their gradient beside them
-    (2 x chunk x VOCABULARY_TILE x 2 bytes in bf16 on a GPU, about 4 times that in eager fp32 on a CPU), never
+    vocabulary, the loss holds one chunk's logits of one tile, which in backward their gradient overwrites
+    (chunk x VOCABULARY_TILE x 2 bytes in bf16 on a GPU, several times that in eager fp32 on a CPU), never
     (batch x width x vocabulary) of them and as much again for their gradient. Otherwise it is the plain
     linear layer (generation). It holds lm_head's own parameters under their names, so checkpoints, tied
     embeddings, LoRA and sharding (FSDP, ZeRO-3 gather a module's own parameters for its forward and
@@ -99,10 +99,10 @@ class LogprobHead(torch.nn.Module):
 class ChunkedScores(torch.autograd.Function):
     """(log-prob of each target, entropy) at a temperature, from rows of final hidden states, without their
     logits ever existing whole: `chunk` rows x a vocabulary tile of logits at a time, the matmul in the autocast
-    dtype (as the plain layer's), folded in fp32 into each row's running log-sum-exp (fold_tile) and freed
-    before the next. Backward recomputes the logits a chunk and a tile at a time, turns them into their gradient,
-    d log p / d z = onehot - softmax (the forward's log normaliser makes a tile's softmax), and sums its products
-    in fp32. The entropy is for watching only (no gradient)."""
+    dtype (as the plain layer's) into the one buffer they ever take, folded in fp32 into each row's running
+    log-sum-exp (fold_tile). Backward recomputes the logits a chunk and a tile at a time into that buffer, turns
+    them in place into their gradient, d log p / d z = onehot - softmax (the forward's log normaliser makes a
+    tile's softmax), and sums its products in fp32. The entropy is for watching only (no gradient)."""
 
     @staticmethod
     def forward(ctx, rows, weight, bias, targets, temperature: float, chunk: int):
@@ -110,10 +110,12 @@ class ChunkedScores(torch.autograd.Function):
         low = rows.to(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else rows.dtype)
         stats = torch.zeros((4, len(rows)), device=rows.device)  # per row: max, sum exp, sum exp x logit, target
         stats[0] = -math.inf
+        tile = torch.empty((min(chunk, len(rows)), VOCABULARY_TILE), dtype=low.dtype, device=rows.device)
+        fold, _ = tile_steps(rows.device)
         for start, w, b in vocabulary_tiles(weight, bias, low.dtype):  # each tile cast once
             for i in range(0, len(rows), chunk):
-                stats[:, i:i + chunk] = fold_tile(torch.nn.functional.linear(low[i:i + chunk], w, b),
-                                                  targets[i:i + chunk] - start, stats[:, i:i + chunk], temperature)
+                fold(project(low[i:i + chunk], w, b, tile), targets[i:i + chunk] - start, stats[:, i:i + chunk],
+                     temperature)
         top, total, weighted, target_logit = stats
         log_norm = top + total.log()
         ctx.save_for_backward(low, weight, bias, targets, log_norm)
@@ -127,11 +129,15 @@ class ChunkedScores(torch.autograd.Function):
         grad_rows = torch.zeros(rows.shape, device=rows.device) if want_rows else None
         grad_weight = torch.zeros(weight.shape, device=weight.device) if want_weight else None
         grad_bias = torch.zeros(bias.shape, device=bias.device) if want_bias else None
+        tile = torch.empty((min(ctx.chunk, len(rows)), VOCABULARY_TILE), dtype=rows.dtype, device=rows.device)
+        _, gradient = tile_steps(rows.device)
+        grad_logprobs = grad_scores[:, 0].contiguous()
         for start, w, b in vocabulary_tiles(weight, bias, rows.dtype):  # each tile cast once
             for i in range(0, len(rows), ctx.chunk):
                 r = rows[i:i + ctx.chunk]
-                grad = tile_gradient(torch.nn.functional.linear(r, w, b), targets[i:i + ctx.chunk] - start,
-                                     log_norm[i:i + ctx.chunk], grad_scores[i:i + ctx.chunk, 0], ctx.temperature)
+                grad = project(r, w, b, tile)
+                gradient(grad, targets[i:i + ctx.chunk] - start, log_norm[i:i + ctx.chunk],
+                         grad_logprobs[i:i + ctx.chunk], ctx.temperature)
                 if want_rows:
                     add_product(grad_rows[i:i + ctx.chunk], grad, w)
                 if want_weight:
@@ -154,21 +160,28 @@ def vocabulary_tiles(weight: torch.Tensor, bias: torch.Tensor | None, dtype: tor
                None if bias is None else bias[start:start + VOCABULARY_TILE].to(dtype))
 
 
-def compiled_on_gpu(fn):
-    """`fn` through torch.compile for GPU tensors: a kernel or two that read the bf16 logits, where eager torch
-    writes and reads fp32 copies of them at each step; eager on a CPU, where compiling takes longer than it saves."""
-    compiled = functools.cache(lambda: torch.compile(fn, dynamic=True))  # at first use: importing it takes seconds
-
-    @functools.wraps(fn)
-    def call(logits: torch.Tensor, *args):
-        return (compiled() if logits.is_cuda else fn)(logits, *args)
-    return call
+def project(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: torch.Tensor) -> torch.Tensor:
+    """rows @ weight.T + bias written into the top left of `tile`, the one buffer a pass's logits ever take."""
+    logits = tile[:len(rows), :len(weight)]
+    if bias is None:
+        return torch.mm(rows, weight.t(), out=logits)
+    return torch.addmm(bias, rows, weight.t(), out=logits)
 
 
-@compiled_on_gpu
-def fold_tile(logits: torch.Tensor, local_targets: torch.Tensor, stats: torch.Tensor, temperature: float):
+def tile_steps(device: torch.device):
+    """(fold_tile, tile_gradient) for tiles on `device`: on a GPU the Triton kernels of logprob_kernels.py (one
+    pass over the bf16 tile each), elsewhere the eager definitions below, which are what those kernels compute."""
+    if device.type == "cuda" and importlib.util.find_spec("triton"):
+        import logprob_kernels
+
+        return logprob_kernels.fold_tile, logprob_kernels.tile_gradient
+    return fold_tile, tile_gradient
+
+
+def fold_tile(logits: torch.Tensor, local_targets: torch.Tensor, stats: torch.Tensor, temperature: float) -> None:
     """One vocabulary tile of a chunk's logits folded into its rows' running (max, sum of exp, sum of exp x logit,
-    target logit), all of logits / temperature in fp32: an online log-sum-exp, whose entropy is log Z - E_p[z]."""
+    target logit), `stats` (4, rows), in place, all of logits / temperature in fp32: an online log-sum-exp, whose
+    entropy is log Z - E_p[z]."""
     z = logits.float() / temperature
     top, total, weighted, target_logit = stats
     new_top = torch.maximum(top, z.amax(-1))
@@ -176,22 +189,17 @@ def fold_tile(logits: torch.Tensor, local_targets: torch.Tensor, stats: torch.Te
     e = torch.exp(z - new_top[:, None])
     inside = (local_targets >= 0) & (local_targets < z.shape[1])
     picked = z.gather(-1, local_targets.clamp(0, z.shape[1] - 1)[:, None]).squeeze(-1)
-    return torch.stack([new_top, total * scale + e.sum(-1), weighted * scale + (e * z).sum(-1),
-                        torch.where(inside, picked, target_logit)])
+    stats.copy_(torch.stack([new_top, total * scale + e.sum(-1), weighted * scale + (e * z).sum(-1),
+                             torch.where(inside, picked, target_logit)]))
 
 
-@compiled_on_gpu
 def tile_gradient(logits: torch.Tensor, local_targets: torch.Tensor, log_norm: torch.Tensor,
-                  grad_logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The loss's gradient with respect to one vocabulary tile of a chunk's logits, (onehot - softmax) x grad /
-    temperature, in the logits' dtype; a target inside the tile gets 1 - p from fp32, not 1 and -p rounded apart."""
-    g = grad_logprobs[:, None] / temperature
-    p = logits.float().div_(temperature).sub_(log_norm[:, None]).exp_()
-    at = local_targets.clamp(0, logits.shape[1] - 1)[:, None]
-    inside = ((local_targets >= 0) & (local_targets < logits.shape[1]))[:, None]
-    picked = p.gather(-1, at)
-    grad = p.mul_(-g).to(logits.dtype)
-    return grad.scatter_(-1, at, (torch.where(inside, 1 - picked, -picked) * g).to(logits.dtype))
+                  grad_logprobs: torch.Tensor, temperature: float) -> None:
+    """Overwrites one vocabulary tile of a chunk's logits with the loss's gradient with respect to them,
+    (onehot - softmax) x grad / temperature, from fp32: in place, so backward holds one tile as forward does."""
+    p = torch.exp(logits.float() / temperature - log_norm[:, None])
+    onehot = torch.arange(logits.shape[1], device=logits.device) == local_targets[:, None]
+    logits.copy_((onehot.float() - p) * (grad_logprobs[:, None] / temperature))
 
 
 def add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:

@@ -349,10 +349,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train LoRA adapters of this rank (alpha = 2 x rank) on every linear layer instead of all "
                         "weights; 0: full fine-tuning (needs peft)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward to save memory")
-    p.add_argument("--logprob-chunk", type=int, default=2048,
+    p.add_argument("--logprob-chunk", type=int, default=4096,
                    help="reply tokens whose logits the loss computes at once, a vocabulary tile of 32,768 at a time "
-                        "(and again in backward); memory ~ 2 x chunk x 32,768 x 2 bytes on a GPU, whatever the "
-                        "reply length and vocabulary")
+                        "(and again in backward, their gradient in their place); memory ~ chunk x 32,768 x 2 bytes on "
+                        "a GPU, whatever the reply length and vocabulary")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 mixed precision, fp32 master weights (default: on with a GPU, off without)")
     # tasks and rollouts (defaults: the paper's for a real model on a GPU, a small demo otherwise)
@@ -699,7 +699,10 @@ def gpu_gib(tensors) -> float:
 def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], constant: float):
     """(loss, [loss, tokens, clipped, entropy, kl]) of one micro-batch. Samples without sampling log-probs
     keep the policy's from this first pass, so later updates see the pre-update policy as old."""
-    batch = {k: v.to(run.accelerator.device) for k, v in collate(chunk, run.pad_id).items()}
+    device = run.accelerator.device
+    # from pinned memory without waiting: a copy from pageable memory first waits for the GPU to finish its queue
+    batch = {k: v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v.to(device)
+             for k, v in collate(chunk, run.pad_id).items()}
     loss, stats, old = grpo_loss(run.model, batch, args.temperature, args.eps_low, args.eps_high, constant, args.beta,
                                  run.ref_model)
     if any(sample.old_logprobs is None for sample in chunk):  # copying them to the host waits for the GPU

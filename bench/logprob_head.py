@@ -2,8 +2,10 @@
 sizes against the whole-logits path it replaces, forward and backward of the log-probs of N target rows,
 in bf16 autocast over fp32 weights as train.py runs on a GPU. Per shape and chunk: milliseconds a call
 (median of --repeats, the device synchronised around each) and the memory the call takes above its inputs,
-each with its ratio to the whole-logits path's; and the floor, four bf16 matmuls of the layer's size (the
-forward's, its recomputation in backward, and the two gradients).
+each with its ratio to the whole-logits path's; TRL's fused LM head (trl.kernels.ChunkedLogProbFunction, log-probs
+and entropy, as its GRPOTrainer asks, at its own tiles), where TRL is installed (a benchmark-only dependency);
+and the floor, four bf16 matmuls of the layer's size (the forward's, its recomputation in backward, and the two
+gradients).
 
     python bench/logprob_head.py --out results/logprob_head_h200.json       # on the GPU machine
     python bench/logprob_head.py --shapes 64:32:300 --chunks 8 16            # toy sizes, on a CPU
@@ -12,6 +14,7 @@ Shapes are ROWS:HIDDEN:VOCABULARY; the defaults are a 4,096- and a 16,384-token 
 output layer and a 4,096-token one at Qwen2.5-7B's. Memory is torch's peak GPU allocation (null on a CPU).
 """
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -32,7 +35,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["4096:896:151936", "16384:896:151936", "4096:3584:152064"],
                    help="ROWS:HIDDEN:VOCABULARY of each measurement")
-    p.add_argument("--chunks", nargs="+", type=int, default=[512, 1024, 2048, 4096],
+    p.add_argument("--chunks", nargs="+", type=int, default=[1024, 2048, 4096, 8192],
                    help="--logprob-chunk sizes to time")
     p.add_argument("--repeats", type=int, default=5, help="timed calls a measurement (after 2 to warm up)")
     p.add_argument("--out", help="write the rows to this JSON file")
@@ -90,6 +93,15 @@ def calls(rows: int, hidden: int, vocabulary: int, chunks: list[int], device: to
             backward(scores[:, 0])
         return call
 
+    def trl_head():
+        from trl.kernels import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+        with autocast:
+            logprobs, *_ = ChunkedLogProbFunction.apply(hidden_states, weight, None, targets, TEMPERATURE,
+                                                        _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs", "entropy"))
+        backward(logprobs)
+
     def four_matmuls():
         low = torch.bfloat16 if device.type == "cuda" else torch.float32
         a, b = hidden_states.detach().to(low), weight.detach().to(low)
@@ -97,7 +109,10 @@ def calls(rows: int, hidden: int, vocabulary: int, chunks: list[int], device: to
         logits = a @ b.t()
         logits @ b, logits.t() @ a
 
-    return {"whole logits": whole_logits, **{f"chunk {c}": head(c) for c in chunks}, "4 matmuls": four_matmuls}
+    paths = {"whole logits": whole_logits, **{f"chunk {c}": head(c) for c in chunks}}
+    if importlib.util.find_spec("trl"):
+        paths["TRL fused head"] = trl_head
+    return {**paths, "4 matmuls": four_matmuls}
 
 
 def main(argv=None) -> None:

@@ -234,24 +234,48 @@ def test_chunked_logprob_head_gives_the_full_logits_loss_entropy_and_gradients(t
         batching.reply_logprobs(full, batch, 0.9)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_heads_functions_compile_to_what_they_compute_eagerly(dtype):
-    """What a GPU runs (torch.compile of fold_tile and tile_gradient, dynamic shapes), traced and run here by
-    the CPU's compiler: the same running statistics and gradient as eager, for a tile that holds some targets
-    only (vocabulary rows 100 to 399: some targets before it), folded into statistics of earlier tiles."""
-    torch.manual_seed(0)
-    logits, targets, grad = (torch.randn(7, 300) * 3).to(dtype), torch.randint(0, 300, (7,)), torch.randn(7)
-    fold, tile_gradient = batching.fold_tile.__wrapped__, batching.tile_gradient.__wrapped__
-    earlier = torch.stack([torch.randn(7) + 5, torch.rand(7) + 0.5, torch.randn(7), torch.randn(7)])
-    args = (targets - 100, earlier, 0.9)
-    got, want = torch.compile(fold, dynamic=True)(logits.clone(), *args), fold(logits.clone(), *args)
-    assert ((targets - 100) < 0).any() and not torch.equal(want[3], earlier[3])
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
-    args = (targets - 100, torch.logsumexp(logits.float() / 0.9, -1), grad, 0.9)
-    got, want = torch.compile(tile_gradient, dynamic=True)(logits.clone(), *args), tile_gradient(logits.clone(), *args)
-    assert got.dtype == dtype
+INTERPRETED_KERNELS = """
+import sys, torch
+import batching, logprob_kernels
+logprob_kernels.BLOCK = 128
+torch.manual_seed(1)
+rows, columns = 12, 300
+for dtype in (torch.bfloat16, torch.float32):
+    logits, targets, grad = (torch.randn(rows, columns) * 3).to(dtype), torch.randint(0, 500, (rows,)), torch.randn(rows)
+    local = targets - 100  # the tile of vocabulary rows 100 to 399
+    assert (local < 0).any() and (local >= columns).any() and ((local >= 0) & (local < columns)).any()
+    earlier = torch.stack([torch.randn(rows) + 5, torch.rand(rows) + 0.5, torch.randn(rows), torch.randn(rows)])
+
+    def in_a_wider_buffer(x):  # as the last, narrower tile is
+        return torch.zeros(rows, columns + 100, dtype=dtype)[:, :columns].copy_(x)
+
+    got, want = earlier.clone(), earlier.clone()
+    logprob_kernels.fold_tile(in_a_wider_buffer(logits), local, got, 0.9)
+    batching.fold_tile(logits, local, want, 0.9)
+    outside = (local < 0) | (local >= columns)
+    assert not torch.equal(want[3], earlier[3]) and torch.equal(want[3][outside], earlier[3][outside])
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
+
+    log_norm = torch.logsumexp(logits.float() / 0.9, -1)
+    got, want = in_a_wider_buffer(logits), logits.clone()  # each overwritten with its gradient
+    logprob_kernels.tile_gradient(got, local, log_norm, grad, 0.9)
+    batching.tile_gradient(want, local, log_norm, grad, 0.9)
+    assert not torch.equal(want, logits) and not got._base[:, columns:].any()
     assert torch.allclose(got.float(), want.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6)
+print("kernels agree")
+"""
+
+
+def test_the_heads_triton_kernels_compute_what_its_eager_functions_do():
+    """What a GPU runs (logprob_kernels.py), run by Triton's interpreter on CPU tensors in a fresh process (the
+    interpreter is chosen when Triton is imported), where Triton is installed (a CUDA build of torch brings it):
+    the same running statistics and gradient as the eager functions, in bf16 and fp32, for a tile that holds
+    some targets only, folded into statistics of earlier tiles, in the view of a wider buffer, with more
+    columns than a program's block."""
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, "-c", INTERPRETED_KERNELS], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert done.returncode == 0 and "kernels agree" in done.stdout, done.stderr[-3000:]
 
 
 def test_the_policys_logprobs_of_its_own_replies_equal_the_sampling_logprobs(tiny):
