@@ -3,7 +3,7 @@
 # source distribution, built here with no ops ahead: its CPU Adam compiles at first use; TRL and datasets;
 # their pure-Python needs) into a target folder beside the machine's own torch, then run, each step logging
 # to $OUT: ZeRO-3 with the optimizer offloaded (configs/deepspeed_zero3.yaml) for two online steps of the
-# tiny model; the output layer's equality test on the GPU (its compiled kernels); bench/grpo_step.py's rows
+# tiny model; the output layer's equality test on the GPU (its Triton kernels); bench/grpo_step.py's rows
 # (--rows ROW... passed on, default all); the GPU tests.
 #   OUT=/tmp/out bash bench/gpu_setup.sh                                 # everything, in this order
 #   OUT=/tmp/out setsid nohup bash bench/gpu_setup.sh 0.5b:full:512 > /tmp/out/run.log 2>&1 &    # detached
@@ -29,7 +29,7 @@ print(torch.__version__, transformers.__version__, accelerate.__version__, peft.
       trl.__version__, datasets.__version__, torch.cuda.get_device_name(0))"
 step zero3_tiny python3 -m accelerate.commands.launch --config_file configs/deepspeed_zero3.yaml --num_processes 1 \
     train.py --steps 2 --tasks-per-step 2 --n-trajectories 2 --turns 1 --max-tokens 64 --output-dir "$OUT/zero3_tiny"
-step logprob_head python3 -m pytest -q -p no:cacheprovider tests/test_train.py -k chunked_logprob_head  # compiled
+step logprob_head python3 -m pytest -q -p no:cacheprovider tests/test_train.py -k chunked_logprob_head  # its Triton kernels
 step grpo_step python3 bench/grpo_step.py --out "$OUT/grpo_step_h200.json" ${@:+--rows "$@"}
 if [ "${GPU_TESTS:-1}" = 1 ]; then  # GPU_TESTS=0: the measurements only
     step gpu_tests python3 -m pytest -m gpu tests/ -q -p no:cacheprovider
