@@ -390,8 +390,8 @@ def table(rows: list[dict]) -> str:
         speed = own["tokens_per_s"] / trl["tokens_per_s"] if trl.get("tokens_per_s") and own.get("tokens_per_s") else None
         memory = own["peak_gib"] / trl["peak_gib"] if trl.get("peak_gib") and own.get("peak_gib") else None
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {num(trl.get('tokens_per_s'), ',.0f')} | "
-                     f"{num(own.get('tokens_per_s'), ',.0f')} | {num(speed, '.2f')}x | {num(trl.get('peak_gib'), '.1f')} | "
-                     f"{num(own.get('peak_gib'), '.1f')} | {num(memory, '.2f')}x |")
+                     f"{num(own.get('tokens_per_s'), ',.0f')} | {num(speed, '.2f')}x | {num(trl.get('peak_gib'), '.2f')} | "
+                     f"{num(own.get('peak_gib'), '.2f')} | {num(memory, '.3f')}x |")  # 0.1 GiB of 40 shows
     lines.append("")
     for model, mode in sorted({k[:2] for k in map(key, rows)}):
         longest = {side: max((r["reply_tokens"] for r in rows if key(r)[:2] == (model, mode) and r["side"] == side
