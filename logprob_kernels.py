@@ -1,7 +1,7 @@
 """The output layer's two elementwise steps as Triton kernels, for tiles on a GPU: batching.fold_tile and
 batching.tile_gradient (the eager definitions, which the CPU runs) with the tile read once, in place. What
-torch.compile made of the eager functions (dynamic shapes) ran at a quarter of the H200's bandwidth and took
-a third of the layer's time; these do one pass each, a program per row (fold) or per row and block (gradient)."""
+torch.compile made of the eager functions (dynamic shapes) ran at a quarter to a half of the H200's bandwidth
+and took a third of the layer's time; these do one pass each, a program per row (fold) or per row and block (gradient)."""
 import torch
 import triton
 import triton.language as tl
@@ -42,12 +42,12 @@ def gradient_kernel(logits, logits_row_stride, local_targets, log_norm, grad_log
     row = tl.program_id(0).to(tl.int64)
     at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = at < columns
-    where = logits + row * logits_row_stride + at
-    z = tl.load(where, mask=inside, other=0.0).to(tl.float32) * inverse_temperature
+    cells = logits + row * logits_row_stride + at
+    z = tl.load(cells, mask=inside, other=0.0).to(tl.float32) * inverse_temperature
     p = tl.exp(z - tl.load(log_norm + row))
     onehot = (at == tl.load(local_targets + row)).to(tl.float32)
     g = tl.load(grad_logprobs + row) * inverse_temperature
-    tl.store(where, ((onehot - p) * g).to(logits.dtype.element_ty), mask=inside)
+    tl.store(cells, ((onehot - p) * g).to(logits.dtype.element_ty), mask=inside)
 
 
 def fold_tile(logits: torch.Tensor, local_targets: torch.Tensor, stats: torch.Tensor, temperature: float) -> None:

@@ -260,7 +260,7 @@ def test_the_head_holds_one_cast_weight_tile_at_a_time(monkeypatch):
 
 
 INTERPRETED_KERNELS = """
-import sys, torch
+import torch
 import batching, logprob_kernels
 logprob_kernels.BLOCK = 128
 torch.manual_seed(1)
