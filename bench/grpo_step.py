@@ -100,9 +100,10 @@ def parse_args(argv=None):
                         "layer makes a vocabulary tile at a time")
     p.add_argument("--repeats", type=int, default=3, help="timed windows of 2 optimizer steps a side; the median's "
                    "seconds make tokens/s")
-    p.add_argument("--profile", metavar="DIR", help="write each side's profile of its timed window (ops and "
-                   "kernels by their own GPU time, then by host time: a side that waits on the host shows there) "
-                   "to DIR/MODEL-MODE-REPLY-SIDE.txt; profiled times are not comparable")
+    p.add_argument("--profile", metavar="DIR", help="write each side's profile of its first timed window (ops "
+                   "and kernels by their own GPU time, then by host time: a side that waits on the host shows there) "
+                   "to DIR/MODEL-MODE-REPLY-SIDE.txt, its timeline to .trace.json (chrome://tracing, Perfetto) and "
+                   "its output to .stderr.txt; profiled times are not comparable")
     p.add_argument("--probe-longest", action="store_true",
                    help=f"also try a reply of {POSITIONS} - prompt tokens where every listed length of a model and "
                         "mode fitted")
@@ -291,7 +292,8 @@ class Work:
             tables = [ops.table(sort_by=by, row_limit=40) for by in
                       ("self_cuda_time_total", "cpu_time_total")[not torch.cuda.is_available():]]
             Path(self.profile).write_text("\n".join(tables))
-            self.profiler = None
+            self.profiler.export_chrome_trace(str(Path(self.profile).with_suffix(".trace.json")))  # the gaps: when
+            self.profiler = None  # the GPU waited, and on what
 
     def count_forward(self, module, args, output):
         if self.on:
@@ -354,6 +356,8 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
            "wall_s": round(time.perf_counter() - started, 1), **({"error": result["error"]} if "error" in result else {})}
     if "error" in result:
         print(f"  {side}: {result.get('error')}\n{done.stderr[-2000:]}", file=sys.stderr)
+    if spec["profile"]:  # what the side's libraries said (DeepSpeed's warnings among it)
+        Path(spec["profile"]).with_suffix(".stderr.txt").write_text(done.stderr)
     return row
 
 

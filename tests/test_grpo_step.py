@@ -36,6 +36,16 @@ def test_each_row_is_written_as_it_finishes_and_a_rerun_skips_it(tmp_path):
     assert json.loads(out.read_text()) == [row] and "| tiny | full | 16 |" in again.stdout
 
 
+def test_a_profile_gives_the_ops_table_the_timeline_and_what_the_side_printed(tmp_path):
+    run_bench("--rows", "tiny:full:16", "--sides", "project", "--repeats", "1", "--profile", str(tmp_path / "prof"),
+              "--out", str(tmp_path / "rows.json"))
+    stem = tmp_path / "prof" / "tiny-full-16-project"
+    assert "aten::mm" in stem.with_suffix(".txt").read_text()
+    events = json.loads(stem.with_suffix(".trace.json").read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)  # a timeline of the window's ops, for its gaps
+    assert stem.with_suffix(".stderr.txt").exists()
+
+
 def test_a_bad_row_is_a_one_line_error(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "grpo_step.py"), "--rows", "tiny:fsdp:16"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
