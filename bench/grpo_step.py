@@ -17,9 +17,10 @@ micro-batches of M samples accumulated over the batch. Each side does the same w
   project  train.py's own setup() and update() on the same batch written as a --rollouts file: step 1's
            update warms up, then K more update() calls (2 optimizer steps each) are timed, one a window.
 In each timed window each side counts the policy's forward passes and their tokens (a hook on the input
-embeddings) and the optimizer steps; tokens/s is a window's tokens over the median window's seconds (K =
---repeats: both sides wait on the host at these sizes, so one window is at the mercy of the moment), and the
-rows of both sides must show the same three counts a window (2 x S / M forwards of M x (1,024 + R) tokens, 2
+embeddings) and the optimizer steps; tokens/s is a window's tokens over the median window's seconds, of K =
+--repeats windows in each of --rounds processes a side, run TRL, project, project, TRL, ... (both sides wait on
+the host at these sizes, and the host's speed drifts: on the H200 two processes of the same side minutes apart
+ran 20% apart, and single windows swing by a third), and the rows of both sides must show the same three counts a window (2 x S / M forwards of M x (1,024 + R) tokens, 2
 steps). Loss (the mean over the first window's 2 steps: TRL's logged losses, train.py's summed micro-batch
 losses) and each of its steps' gradient norm (before clipping) are recorded for both: equal work gives
 equal numbers.
@@ -43,7 +44,7 @@ benchmark-only dependency (README: carried wheels), as is DeepSpeed for zero3_of
 "0.5b", "7b": Qwen2.5-7B's shape, untied embeddings, 7.6B parameters), mode ("full", "lora" rank 16 on
 every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, the batch
 (prompt_tokens, samples, micro_batch), the work counted (forwards, forward_tokens, optimizer_steps), loss,
-grad_norms, window_s (every window's seconds), host_peak_gib (the process's peak resident memory: where
+grad_norms, window_s (every window's seconds, process after process), processes, host_peak_gib (the process's peak resident memory: where
 ZeRO-Offload keeps the optimizer), wall_s, error.
 """
 import argparse
@@ -98,8 +99,12 @@ def parse_args(argv=None):
     p.add_argument("--logprob-chunk", type=int, default=DEFAULTS.logprob_chunk,
                    help="train.py's --logprob-chunk on the project's side: reply tokens whose logits its output "
                         "layer makes a vocabulary tile at a time")
-    p.add_argument("--repeats", type=int, default=3, help="timed windows of 2 optimizer steps a side; the median's "
+    p.add_argument("--repeats", type=int, default=3, help="timed windows of 2 optimizer steps a process; the median's "
                    "seconds make tokens/s")
+    p.add_argument("--rounds", type=int, default=2 if on_gpu else 1,
+                   help="fresh processes a side, in the order TRL, project, project, TRL, ... (a drift in the "
+                        "machine's speed during a row touches both sides alike); a side's windows from all of its "
+                        "processes make its median (default 2 on a GPU, 1 on the CPU)")
     p.add_argument("--profile", metavar="DIR", help="write each side's profile of its first timed window (ops "
                    "and kernels by their own GPU time, then by host time: a side that waits on the host shows there) "
                    "to DIR/MODEL-MODE-REPLY-SIDE.txt, its timeline to .trace.json (chrome://tracing, Perfetto) and "
@@ -110,8 +115,9 @@ def parse_args(argv=None):
     p.add_argument("--out", default=str(REPO / "results" / "grpo_step.json"), help="rows as a JSON list")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one measurement, in its own process
     args = p.parse_args(argv)
-    if args.repeats < 1:
-        raise SystemExit(f"--repeats {args.repeats}: at least 1")
+    for flag in ("repeats", "rounds"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag} {getattr(args, flag)}: at least 1")
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     for row in args.rows:
@@ -361,6 +367,19 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
     return row
 
 
+def pooled(runs: list[dict]) -> dict:
+    """One side's row from its processes: tokens/s over the median of all their windows, the highest peak, every
+    window's seconds; the work counted, loss and gradient norms of the first (every process does the same work)."""
+    first, failed = runs[0], [r for r in runs if not r["fits"]]
+    if failed:
+        return {**failed[0], "processes": len(runs)}
+    windows = [w for r in runs for w in r["window_s"]]
+    return {**first, "tokens_per_s": first["forward_tokens"] / statistics.median(windows),
+            "peak_gib": None if None in (r["peak_gib"] for r in runs) else max(r["peak_gib"] for r in runs),
+            "window_s": windows, "host_peak_gib": max(r["host_peak_gib"] for r in runs),
+            "wall_s": round(sum(r["wall_s"] for r in runs), 1), "processes": len(runs)}
+
+
 def first_error(stderr: str) -> str:
     """The child's own error: the exception line of its first traceback (the cause, where one error led to
     others), else a line that says how it died (a signal: out of host memory?), else its last line. A launcher
@@ -416,17 +435,19 @@ def main(argv=None) -> None:
     if args.probe_longest:
         wanted += sorted({(m, mode, POSITIONS - args.prompt_tokens) for m, mode, _ in wanted})
     for model, mode, reply in wanted:
-        for side in args.sides:
-            if (model, mode, reply, side) in done:
-                continue
-            if reply == POSITIONS - args.prompt_tokens and any(  # probe only beyond lengths that all fitted
-                    not r["fits"] for r in rows if (r["model"], r["mode"], r["side"]) == (model, mode, side)):
-                continue
-            print(f"{model} {mode} reply {reply}: {side} ...", file=sys.stderr, flush=True)
-            rows.append(measure(args, model, mode, reply, side))
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.with_suffix(".tmp").write_text(json.dumps(rows, indent=1))
-            out.with_suffix(".tmp").replace(out)
+        sides = [side for side in args.sides if (model, mode, reply, side) not in done and not (
+            reply == POSITIONS - args.prompt_tokens and any(  # probe only beyond lengths that all fitted
+                not r["fits"] for r in rows if (r["model"], r["mode"], r["side"]) == (model, mode, side)))]
+        runs = {side: [] for side in sides}
+        for round_index in range(args.rounds):
+            for side in sides if round_index % 2 == 0 else sides[::-1]:
+                print(f"{model} {mode} reply {reply}: {side}, process {round_index + 1} of {args.rounds} ...",
+                      file=sys.stderr, flush=True)
+                runs[side].append(measure(args, model, mode, reply, side))
+        rows += [pooled(runs[side]) for side in sides]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".tmp").write_text(json.dumps(rows, indent=1))
+        out.with_suffix(".tmp").replace(out)
     print(table(rows))
     print(f"rows: {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
 
