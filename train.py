@@ -512,10 +512,14 @@ def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: 
 
     fp32 weights under bf16 autocast, but under ZeRO-3 with bf16: there the weights are bf16 and the fp32 master
     copy is the optimizer's (in CPU memory with offload), and the model is loaded into its shards (zero.Init,
-    on by zero3_init_flag) in bf16, so no fp32 copy of it is ever made on the host."""
+    on by zero3_init_flag) in bf16, so no fp32 copy of it is ever made on the host. Unsharded, it is loaded
+    straight onto this rank's device (LoRA adapters are then made there): a model loaded on the host and moved a
+    tensor at a time took a 7B model's host memory to 43 GiB, and 0.14 GiB more of the GPU's (the allocator's
+    rounding of the copies) than the same weights loaded in place."""
     plugin = accelerator.state.deepspeed_plugin
     zero3_bf16 = plugin is not None and plugin.zero_stage == 3 and args.bf16
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if zero3_bf16 else torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if zero3_bf16 else torch.float32,
+                                                 device_map=None if is_sharded(accelerator) else accelerator.device)
     model = put_logprob_head(model, args.logprob_chunk)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -563,8 +567,8 @@ def setup(args: argparse.Namespace) -> Run:
     model, optimizer = load_policy(args, accelerator, model_path)
     ref_model = None
     if args.beta > 0:
-        ref_model = put_logprob_head(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
-                                     args.logprob_chunk).to(accelerator.device).eval()
+        ref_model = put_logprob_head(AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=torch.float32, device_map=accelerator.device), args.logprob_chunk).eval()
         ref_model.requires_grad_(False)
     backend, dtype = None, "bfloat16" if args.bf16 else "float32"  # the engine's: the policy's compute dtype
     if args.backend == "vllm":
