@@ -20,10 +20,10 @@ In each timed window each side counts the policy's forward passes and their toke
 embeddings) and the optimizer steps; tokens/s is a window's tokens over the median window's seconds, of K =
 --repeats windows in each of --rounds processes a side, run TRL, project, project, TRL, ... (both sides wait on
 the host at these sizes, and the host's speed drifts: on the H200 two processes of the same side minutes apart
-ran 20% apart, and single windows swing by a third), and the rows of both sides must show the same three counts a window (2 x S / M forwards of M x (1,024 + R) tokens, 2
-steps). Loss (the mean over the first window's 2 steps: TRL's logged losses, train.py's summed micro-batch
-losses) and each of its steps' gradient norm (before clipping) are recorded for both: equal work gives
-equal numbers.
+ran 20% apart, and single windows swing by a third), and the rows of both sides must show the same three
+counts a window (2 x S / M forwards of M x (1,024 + R) tokens, 2 steps). Loss (the mean over the first
+window's 2 steps: TRL's logged losses, train.py's summed micro-batch losses) and each of its steps' gradient
+norm (before clipping) are recorded for both: equal work gives equal numbers.
 S and M are chosen per length (--tokens-per-update) so that each row takes seconds: tokens/s and peak memory
 need no 64 samples at 16K. Peak memory is torch's peak allocation over the timed windows (weights, gradients,
 optimizer state, activations). Each measurement runs in a fresh process, launched as its mode needs
@@ -44,8 +44,8 @@ benchmark-only dependency (README: carried wheels), as is DeepSpeed for zero3_of
 "0.5b", "7b": Qwen2.5-7B's shape, untied embeddings, 7.6B parameters), mode ("full", "lora" rank 16 on
 every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, the batch
 (prompt_tokens, samples, micro_batch), the work counted (forwards, forward_tokens, optimizer_steps), loss,
-grad_norms, window_s (every window's seconds, process after process), processes, host_peak_gib (the process's peak resident memory: where
-ZeRO-Offload keeps the optimizer), wall_s, error.
+grad_norms, window_s (every window's seconds, process after process), processes, host_peak_gib (the
+process's peak resident memory: where ZeRO-Offload keeps the optimizer), wall_s, error.
 """
 import argparse
 import json
