@@ -23,7 +23,8 @@ the host at these sizes, and the host's speed drifts: on the H200 two processes 
 ran 20% apart, and single windows swing by a third), and the rows of both sides must show the same three
 counts a window (2 x S / M forwards of M x (1,024 + R) tokens, 2 steps). Loss (the mean over the first
 window's 2 steps: TRL's logged losses, train.py's summed micro-batch losses) and each of its steps' gradient
-norm (before clipping) are recorded for both: equal work gives equal numbers.
+norm (before clipping) are recorded for both: equal work gives equal numbers. Beside the pooled ratio the table
+gives each round's, from its two back-to-back processes: their spread is how finely the ratio is measured.
 S and M are chosen per length (--tokens-per-update) so that each row takes seconds: tokens/s and peak memory
 need no 64 samples at 16K. Peak memory is torch's peak allocation over the timed windows (weights, gradients,
 optimizer state, activations). Each measurement runs in a fresh process, launched as its mode needs
@@ -397,24 +398,38 @@ def first_error(stderr: str) -> str:
     return rest[-1].strip()[:300] if rest else ""
 
 
+def round_ratios(trl: dict, own: dict) -> list[float]:
+    """Project over TRL tokens/s, one for each round: the medians of the two processes that ran back to back
+    (TRL then project, project then TRL, ...). Where the host's speed drifts, their spread is the resolution of
+    the pooled ratio."""
+    if not (trl.get("tokens_per_s") and own.get("tokens_per_s")) or trl["processes"] != own["processes"]:
+        return []
+    k, n = len(trl["window_s"]) // trl["processes"], len(own["window_s"]) // own["processes"]
+    return [own["forward_tokens"] / statistics.median(own["window_s"][i * n:(i + 1) * n]) /
+            (trl["forward_tokens"] / statistics.median(trl["window_s"][i * k:(i + 1) * k]))
+            for i in range(trl["processes"])]
+
+
 def table(rows: list[dict]) -> str:
     """Side by side per model, mode and length, with project/TRL ratios; then the longest reply each side fits."""
     def key(r):
         return r["model"], r["mode"], r["reply_tokens"]
 
-    def num(x, fmt):
-        return format(x, fmt) if x is not None else "-"
+    def num(x, fmt, unit=""):
+        return format(x, fmt) + unit if x is not None else "-"
 
     by = {(key(r), r["side"]): r for r in rows}
-    lines = ["| model | mode | reply tokens | TRL tokens/s | project tokens/s | ratio | TRL peak GiB | project peak GiB "
-             "| ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | mode | reply tokens | TRL tokens/s | project tokens/s | ratio | ratio per round | TRL peak GiB "
+             "| project peak GiB | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
     for k in sorted({key(r) for r in rows}, key=lambda k: (list(SHAPES).index(k[0]), k[1], k[2])):
         trl, own = by.get((k, "trl"), {}), by.get((k, "project"), {})
         speed = own["tokens_per_s"] / trl["tokens_per_s"] if trl.get("tokens_per_s") and own.get("tokens_per_s") else None
         memory = own["peak_gib"] / trl["peak_gib"] if trl.get("peak_gib") and own.get("peak_gib") else None
+        rounds = ", ".join(f"{r:.2f}" for r in round_ratios(trl, own)) or "-"
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {num(trl.get('tokens_per_s'), ',.0f')} | "
-                     f"{num(own.get('tokens_per_s'), ',.0f')} | {num(speed, '.2f')}x | {num(trl.get('peak_gib'), '.2f')} | "
-                     f"{num(own.get('peak_gib'), '.2f')} | {num(memory, '.3f')}x |")  # 0.1 GiB of 40 shows
+                     f"{num(own.get('tokens_per_s'), ',.0f')} | {num(speed, '.2f', 'x')} | {rounds} | "
+                     f"{num(trl.get('peak_gib'), '.2f')} | {num(own.get('peak_gib'), '.2f')} | "
+                     f"{num(memory, '.3f', 'x')} |")  # 0.1 GiB of 40 shows
     lines.append("")
     for model, mode in sorted({k[:2] for k in map(key, rows)}):
         longest = {side: max((r["reply_tokens"] for r in rows if key(r)[:2] == (model, mode) and r["side"] == side
