@@ -534,8 +534,8 @@ def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: 
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         optimizer = DeepSpeedCPUAdam(trainable, lr=args.lr, weight_decay=args.weight_decay, adamw_mode=True)
-    else:
-        optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=args.weight_decay)
+    else:  # fused: the default (foreach) step makes a temporary the size of the weights, 1.8 GiB of a 0.5B model
+        optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=args.weight_decay, fused=True)
     if accelerator.state.deepspeed_plugin is not None:  # no dataloader to read the micro-batch size from
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = args.micro_batch_size
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -5,9 +5,10 @@ that each side fits.
 Both sides get one group of S samples of a 1,024-token prompt and R reply tokens (random ids of the tiny
 tokenizer, fixed advantages, old log-probs -log(vocabulary), so ratios start near 1) and take the paper's
 settings: beta 0, the Dr. GRPO normaliser (R), eps 0.2 / 0.28, temperature 0.9, lr 2e-6 constant, grad norm
-clipped at 0.05, AdamW (DeepSpeed's CPU Adam under ZeRO offload), 2 optimizer steps per batch, bf16 autocast
-over fp32 weights (bf16 weights under ZeRO-3, whose optimizer keeps the fp32 copy), gradient checkpointing,
-micro-batches of M samples accumulated over the batch. Each side does the same work, and the row shows it:
+clipped at 0.05, fused AdamW (transformers' default; DeepSpeed's CPU Adam under ZeRO offload), 2 optimizer
+steps per batch, bf16 autocast over fp32 weights (bf16 weights under ZeRO-3, whose optimizer keeps the fp32
+copy), gradient checkpointing, micro-batches of M samples accumulated over the batch. Each side does the same
+work, and the row shows it:
   trl      GRPOTrainer.train() for 2 + 2K optimizer steps, its generation bypassed: _generate_and_score_completions
            returns the pre-built batch (no prompt truncation, no old log-prob pass: they are given), which
            num_iterations 2 reuses for 2 steps, split into S / M micro-batches (steps_per_generation = the
@@ -242,7 +243,7 @@ def run_trl(spec: dict, batch: dict, work: Path) -> dict:
         max_steps=2 + 2 * spec["repeats"],
         beta=DEFAULTS.beta, loss_type="dr_grpo", epsilon=DEFAULTS.eps_low, epsilon_high=DEFAULTS.eps_high,
         temperature=DEFAULTS.temperature, learning_rate=DEFAULTS.lr, lr_scheduler_type="constant",
-        weight_decay=DEFAULTS.weight_decay, optim="adamw_torch", max_grad_norm=DEFAULTS.max_grad_norm,
+        weight_decay=DEFAULTS.weight_decay, optim="adamw_torch_fused", max_grad_norm=DEFAULTS.max_grad_norm,
         bf16=spec["bf16"], use_cpu=not cuda, gradient_checkpointing=True,
         gradient_checkpointing_kwargs={"use_reentrant": False},
         model_init_kwargs={"dtype": "bfloat16" if offload else "float32"},  # as train.py loads it
