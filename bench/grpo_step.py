@@ -47,7 +47,8 @@ benchmark-only dependency (README: carried wheels), as is DeepSpeed for zero3_of
 every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, the batch
 (prompt_tokens, samples, micro_batch), the work counted (forwards, forward_tokens, optimizer_steps), loss,
 grad_norms, window_s (every window's seconds, process after process), processes, host_peak_gib (the
-process's peak resident memory: where ZeRO-Offload keeps the optimizer), wall_s, error.
+process's peak resident memory: where ZeRO-Offload keeps the optimizer), wall_s, error, and the project's
+memory_gib: what its update says held its first window's peak (weights, gradients, optimizer, activations; GPU).
 """
 import argparse
 import json
@@ -188,9 +189,10 @@ def run_project(spec: dict, batch: dict, work: Path) -> dict:
         work_done.begin()
         windows.append(train.update(args, run, 1, rollouts))
         work_done.end()
-    (totals, grad_norms, _, _), peaks = windows[0], [memory.get("memory/peak_gib") for *_, memory in windows]
+    (totals, grad_norms, _, memory), peaks = windows[0], [memory.get("memory/peak_gib") for *_, memory in windows]
     return {**work_done.counts(), "peak_gib": None if None in peaks else max(peaks),
-            "loss": totals[0].item() / args.updates_per_batch, "grad_norms": grad_norms}
+            "loss": totals[0].item() / args.updates_per_batch, "grad_norms": grad_norms,
+            "memory_gib": {k.removeprefix("memory/").removesuffix("_gib"): round(v, 3) for k, v in memory.items()}}
 
 
 def run_trl(spec: dict, batch: dict, work: Path) -> dict:
@@ -358,7 +360,8 @@ def measure(args, model: str, mode: str, reply: int, side: str) -> dict:
     row = {"model": model, "mode": mode, "reply_tokens": reply, "side": side, "tokens_per_s": result["tokens_per_s"],
            "peak_gib": result["peak_gib"], "fits": "error" not in result, "prompt_tokens": args.prompt_tokens,
            "samples": samples, "micro_batch": micro,
-           **({"logprob_chunk": args.logprob_chunk} if side == "project" else {}),
+           **({"logprob_chunk": args.logprob_chunk, "memory_gib": result.get("memory_gib")}
+              if side == "project" else {}),
            **{k: result.get(k) for k in ("forwards", "forward_tokens", "optimizer_steps", "loss", "grad_norms",
                                          "window_s", "host_peak_gib")},
            "wall_s": round(time.perf_counter() - started, 1), **({"error": result["error"]} if "error" in result else {})}

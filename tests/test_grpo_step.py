@@ -32,6 +32,7 @@ def test_each_row_is_written_as_it_finishes_and_a_rerun_skips_it(tmp_path):
     assert len(row["window_s"]) == 3 and min(row["window_s"]) > 0
     assert row["forward_tokens"] == 2 * row["samples"] * (row["prompt_tokens"] + 16)  # both updates' batches
     assert 0.1 < row["host_peak_gib"] < 100
+    assert row["memory_gib"] == {}  # train.py accounts for GPU memory only
     again = run_bench("--rows", "tiny:full:16", "--sides", "project", "--out", str(out))
     assert json.loads(out.read_text()) == [row] and "| tiny | full | 16 |" in again.stdout
 
