@@ -61,6 +61,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from dependencies import require
+
+require("torch")
+
 import torch
 
 import sandbox

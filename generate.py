@@ -49,6 +49,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dependencies import require
+
+require("tqdm", "torch")
+
 from tqdm import tqdm
 
 from evaluate import RULES as RULE_PROFILES

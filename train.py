@@ -62,6 +62,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from dependencies import require
+
+require("torch", "accelerate", "transformers", "tqdm")
+
 import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed

@@ -383,6 +383,16 @@ def test_help_is_quick_because_no_model_library_is_imported_at_the_top():
     assert done.returncode == 0 and "--n-trajectories" in done.stdout and "--context-budget" in done.stdout
 
 
+@pytest.mark.parametrize("stage, missing", [("generate.py", "tqdm, torch"), ("evaluate.py", "torch"),
+                                            ("train.py", "torch, accelerate, transformers, tqdm")])
+def test_a_stage_run_before_the_install_says_what_to_install_in_one_line(stage, missing):
+    """python -S: the same interpreter without its site-packages, as on a machine before the README's install."""
+    done = subprocess.run([sys.executable, "-S", stage, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines() == [f"not installed: {missing}. Install first: pip install -r requirements.txt "
+                                        "(the README's first lines)"]
+
+
 def test_paper_defaults():
     args = generate.parse_args(["--out", "x.jsonl"])
     assert (args.n_trajectories, args.turns, args.temperature, args.max_tokens) == (16, 4, 0.9, 16384)
