@@ -1034,43 +1034,48 @@ class _Evaluation:
         return {"rejected": why, "times": outcome.get("times", {})}
 
     def feed_device(self, device: str, workdir: str, candidates: int) -> None:
-        """Run built candidates on one device until the queue says stop. Each gets a fresh child, set up
-        ahead (no more spares than candidates left to run); the oldest spare has had the longest to get ready."""
+        """Run built candidates on one device until the queue says stop (run_queued), quietly where a Ctrl-C
+        stops it."""
         if self.stopping:  # a Ctrl-C overtook this thread's start: the stop did not count it alive, so it
             return  # may already have removed the work folder
         try:
-            logs = (str(Path(workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())
-            spares = collections.deque(start_child(_run, self.settings["run"], next(logs), device)
-                                       for _ in range(min(self.cfg.spare_children, candidates)))
-            while (item := self.ready.get()) is not None and not self.stopping:
-                left = self.fewer_to_run()
-                (task_path, candidate, kernels, indices), started, build_s, build_cpu_s = item
-                child = spares.popleft() if spares else None
-                if child is None or not child[0].is_alive():
-                    child = start_child(_run, self.settings["run"], next(logs), device)
-                if len(spares) < min(self.cfg.spare_children, left):
-                    spares.append(start_child(_run, self.settings["run"], next(logs), device))
-                payload = _run_payload(self.cfg, task_path, candidate, kernels, device)
-                clean = self.clean_reference(payload, next(logs)) if self.cfg.defences else None
-                run_started, sent_at = time.perf_counter(), time.time()
-                outcome = self.run_candidate(child, payload, clean, logs, device)
-                try:
-                    result = build_feedback(outcome, build_root=self.build_root, candidate_path=candidate,
-                                            timeout_s=self.cfg.run_timeout_s, rules=self.cfg.rules)
-                    times = {k: round(v, 3) for k, v in result["time_s"].items()}
-                except (KeyError, TypeError, ValueError, AttributeError):  # the child is the candidate's: it may lie
-                    result, times = make_result("runtime_error", "Runtime error: the checking child's answer is "
-                                                "malformed."), {}
-                waited = max(0.0, _number(outcome.get("ready_at", sent_at)) - sent_at)  # the child was still setting up
-                result["time_s"] = {"compile": round(build_s, 3), "run": round(time.perf_counter() - run_started, 3),
-                                    "wait": round(waited, 3), **times}
-                result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(_number(outcome.get("cpu_s")), 3)}
-                self.finish(indices, result, started)
-            for spare in spares:
-                stop_child_later(spare)
+            self.run_queued(device, workdir, candidates)
         except Exception:
             if not self.stopping:  # else it failed on a child the stop killed: no traceback, the stop says it
                 raise
+
+    def run_queued(self, device: str, workdir: str, candidates: int) -> None:
+        """Each candidate gets a fresh child, set up ahead (no more spares than candidates left to run); the
+        oldest spare has had the longest to get ready."""
+        logs = (str(Path(workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())
+        spares = collections.deque(start_child(_run, self.settings["run"], next(logs), device)
+                                   for _ in range(min(self.cfg.spare_children, candidates)))
+        while (item := self.ready.get()) is not None and not self.stopping:
+            left = self.fewer_to_run()
+            (task_path, candidate, kernels, indices), started, build_s, build_cpu_s = item
+            child = spares.popleft() if spares else None
+            if child is None or not child[0].is_alive():
+                child = start_child(_run, self.settings["run"], next(logs), device)
+            if len(spares) < min(self.cfg.spare_children, left):
+                spares.append(start_child(_run, self.settings["run"], next(logs), device))
+            payload = _run_payload(self.cfg, task_path, candidate, kernels, device)
+            clean = self.clean_reference(payload, next(logs)) if self.cfg.defences else None
+            run_started, sent_at = time.perf_counter(), time.time()
+            outcome = self.run_candidate(child, payload, clean, logs, device)
+            try:
+                result = build_feedback(outcome, build_root=self.build_root, candidate_path=candidate,
+                                        timeout_s=self.cfg.run_timeout_s, rules=self.cfg.rules)
+                times = {k: round(v, 3) for k, v in result["time_s"].items()}
+            except (KeyError, TypeError, ValueError, AttributeError):  # the child is the candidate's: it may lie
+                result, times = make_result("runtime_error", "Runtime error: the checking child's answer is "
+                                            "malformed."), {}
+            waited = max(0.0, _number(outcome.get("ready_at", sent_at)) - sent_at)  # the child was still setting up
+            result["time_s"] = {"compile": round(build_s, 3), "run": round(time.perf_counter() - run_started, 3),
+                                "wait": round(waited, 3), **times}
+            result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(_number(outcome.get("cpu_s")), 3)}
+            self.finish(indices, result, started)
+        for spare in spares:
+            stop_child_later(spare)
 
 
 # ----------------------------------------------------------------------------------------------------
