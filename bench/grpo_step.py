@@ -402,16 +402,26 @@ def first_error(stderr: str) -> str:
     return rest[-1].strip()[:300] if rest else ""
 
 
+def process_speeds(row: dict) -> list[float]:
+    """A side's tokens/s in each of its processes, from the median of that process's windows."""
+    n = len(row["window_s"]) // row["processes"]
+    return [row["forward_tokens"] / statistics.median(row["window_s"][i * n:(i + 1) * n]) for i in range(row["processes"])]
+
+
 def round_ratios(trl: dict, own: dict) -> list[float]:
     """Project over TRL tokens/s, one for each round: the medians of the two processes that ran back to back
     (TRL then project, project then TRL, ...). Where the host's speed drifts, their spread is the resolution of
     the pooled ratio."""
     if not (trl.get("tokens_per_s") and own.get("tokens_per_s")) or trl["processes"] != own["processes"]:
         return []
-    k, n = len(trl["window_s"]) // trl["processes"], len(own["window_s"]) // own["processes"]
-    return [own["forward_tokens"] / statistics.median(own["window_s"][i * n:(i + 1) * n]) /
-            (trl["forward_tokens"] / statistics.median(trl["window_s"][i * k:(i + 1) * k]))
-            for i in range(trl["processes"])]
+    return [mine / theirs for mine, theirs in zip(process_speeds(own), process_speeds(trl))]
+
+
+def drift(row: dict) -> float | None:
+    """The fastest of a side's processes over its slowest: the same code, run again minutes apart. A difference
+    between the sides smaller than this is not resolved by the row."""
+    speeds = process_speeds(row) if row.get("tokens_per_s") and row["processes"] > 1 else []
+    return max(speeds) / min(speeds) if speeds else None
 
 
 def table(rows: list[dict]) -> str:
@@ -424,7 +434,7 @@ def table(rows: list[dict]) -> str:
 
     by = {(key(r), r["side"]): r for r in rows}
     lines = ["| model | mode | reply tokens | TRL tokens/s | project tokens/s | ratio | ratio per round | TRL peak GiB "
-             "| project peak GiB | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| project peak GiB | ratio | process to process, TRL and project |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in sorted({key(r) for r in rows}, key=lambda k: (list(SHAPES).index(k[0]), k[1], k[2])):
         trl, own = by.get((k, "trl"), {}), by.get((k, "project"), {})
         speed = own["tokens_per_s"] / trl["tokens_per_s"] if trl.get("tokens_per_s") and own.get("tokens_per_s") else None
@@ -433,7 +443,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {num(trl.get('tokens_per_s'), ',.0f')} | "
                      f"{num(own.get('tokens_per_s'), ',.0f')} | {num(speed, '.2f', 'x')} | {rounds} | "
                      f"{num(trl.get('peak_gib'), '.2f')} | {num(own.get('peak_gib'), '.2f')} | "
-                     f"{num(memory, '.3f', 'x')} |")  # 0.1 GiB of 40 shows
+                     f"{num(memory, '.3f', 'x')} |"  # 0.1 GiB of 40 shows
+                     f" {num(drift(trl), '.2f')}, {num(drift(own), '.2f')} |")
     lines.append("")
     for model, mode in sorted({k[:2] for k in map(key, rows)}):
         longest = {side: max((r["reply_tokens"] for r in rows if key(r)[:2] == (model, mode) and r["side"] == side

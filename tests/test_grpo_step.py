@@ -68,7 +68,8 @@ def test_trl_and_train_py_do_the_same_work_and_agree_on_loss_and_gradient_norms(
 
 
 def test_each_round_pairs_the_two_processes_that_ran_back_to_back():
-    """Windows made up (no TRL here): the pooled ratio hides that the two rounds disagree; the table shows it."""
+    """Windows made up: the pooled ratio hides that the two rounds disagree and that each side's own processes
+    disagree more (the resolution of the ratio); the table shows both."""
     def process(side, windows):
         return {"model": "tiny", "mode": "full", "reply_tokens": 16, "side": side, "fits": True, "peak_gib": None,
                 "forward_tokens": 1000, "window_s": windows, "host_peak_gib": 1.0, "wall_s": 1.0,
@@ -76,7 +77,10 @@ def test_each_round_pairs_the_two_processes_that_ran_back_to_back():
     trl = grpo_step.pooled([process("trl", [1.0, 1.0, 1.0]), process("trl", [2.0, 2.0, 2.0])])
     own = grpo_step.pooled([process("project", [0.5, 0.5, 0.6]), process("project", [4.0, 4.0, 4.0])])
     assert grpo_step.round_ratios(trl, own) == [2.0, 0.5]
-    assert "| tiny | full | 16 | 667 | 435 | 0.65x | 2.00, 0.50 | - | - | - |" in grpo_step.table([trl, own])
+    assert (grpo_step.drift(trl), grpo_step.drift(own)) == (2.0, 8.0)
+    assert "| tiny | full | 16 | 667 | 435 | 0.65x | 2.00, 0.50 | - | - | - | 2.00, 8.00 |" in grpo_step.table([trl, own])
+    one = grpo_step.pooled([process("trl", [1.0, 1.0, 1.0])])
+    assert grpo_step.drift(one) is None and grpo_step.round_ratios(one, own) == []
 
 
 def test_a_failed_child_is_its_first_exception_not_the_launchers_banner():
