@@ -25,7 +25,8 @@ ran 20% apart, and single windows swing by a third), and the rows of both sides 
 counts a window (2 x S / M forwards of M x (1,024 + R) tokens, 2 steps). Loss (the mean over the first
 window's 2 steps: TRL's logged losses, train.py's summed micro-batch losses) and each of its steps' gradient
 norm (before clipping) are recorded for both: equal work gives equal numbers. Beside the pooled ratio the table
-gives each round's, from its two back-to-back processes: their spread is how finely the ratio is measured.
+gives each round's, from its two back-to-back processes, and each side's fastest process over its slowest (the
+same code run again): how finely the ratio is measured.
 S and M are chosen per length (--tokens-per-update) so that each row takes seconds: tokens/s and peak memory
 need no 64 samples at 16K. Peak memory is torch's peak allocation over the timed windows (weights, gradients,
 optimizer state, activations). Each measurement runs in a fresh process, launched as its mode needs
@@ -405,7 +406,8 @@ def first_error(stderr: str) -> str:
 def process_speeds(row: dict) -> list[float]:
     """A side's tokens/s in each of its processes, from the median of that process's windows."""
     n = len(row["window_s"]) // row["processes"]
-    return [row["forward_tokens"] / statistics.median(row["window_s"][i * n:(i + 1) * n]) for i in range(row["processes"])]
+    return [row["forward_tokens"] / statistics.median(row["window_s"][i * n:(i + 1) * n])
+            for i in range(row["processes"])]
 
 
 def round_ratios(trl: dict, own: dict) -> list[float]:
@@ -434,7 +436,7 @@ def table(rows: list[dict]) -> str:
 
     by = {(key(r), r["side"]): r for r in rows}
     lines = ["| model | mode | reply tokens | TRL tokens/s | project tokens/s | ratio | ratio per round | TRL peak GiB "
-             "| project peak GiB | ratio | process to process, TRL and project |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| project peak GiB | ratio | process to process, TRL and project |", "|---" * 11 + "|"]
     for k in sorted({key(r) for r in rows}, key=lambda k: (list(SHAPES).index(k[0]), k[1], k[2])):
         trl, own = by.get((k, "trl"), {}), by.get((k, "project"), {})
         speed = own["tokens_per_s"] / trl["tokens_per_s"] if trl.get("tokens_per_s") and own.get("tokens_per_s") else None
