@@ -41,22 +41,66 @@ ALLOWED_TORCH_CALLS = {
 ALLOWED_TORCH_NAMESPACES = ("torch.cuda", "torch.utils.cpp_extension", "torch.nn.init", "torch.backends")
 # module -> the rule that bans it: work outside the timed region, or reaching into the checker's memory.
 BANNED_IMPORTS = {"threading": "threads", "multiprocessing": "threads", "concurrent": "threads",
-                  "asyncio": "threads", "subprocess": "threads", "ctypes": "introspection",
+                  "asyncio": "threads", "subprocess": "threads", "_thread": "threads", "_posixsubprocess": "threads",
+                  "pty": "threads", "ctypes": "introspection",
                   "gc": "introspection", "inspect": "introspection", "builtins": "introspection",
                   "importlib": "introspection"}
 # Attributes that reach frames, globals or other objects' code: the evaluator's locals are one hop away.
 INTROSPECTION = {"_getframe", "f_back", "f_locals", "f_globals", "f_code", "tb_frame", "gi_frame", "cr_frame",
                  "__globals__", "__builtins__", "__closure__", "__code__", "__import__"}
+# os functions that start a process: as much work outside the timed region as a subprocess.
+PROCESS_CALLS = re.compile(r"(os|posix)\.(fork|forkpty|posix_spawnp?|spawn\w*|system|popen)")
 
 
 NATIVE_THREADS = re.compile(r"std::thread|std::async|std::jthread|pthread_create|cudaLaunchHostFunc|"
                             r"cudaStreamAddCallback")
 GLOBAL_FUNCTION = re.compile(r"__global__\s+[\w:<>,\s*&]*?\b(\w+)\s*\(")
+# One C/C++ token that matters to comments: a comment (an unclosed /* runs to the end), a raw string, a character
+# or string literal, or a quote that opens a literal the text never closes.
+C_TOKEN = re.compile(r"(?P<comment>//[^\n]*|/\*.*?(?:\*/|\Z))"
+                     r'|(?<!\w)(?:u8|[LuU])?R"(?P<delimiter>[^()\\\s]{0,16})\(.*?\)(?P=delimiter)"'
+                     r"|(?<!\w)(?:u8|[LuU])?'(?:\\.|[^'\\\n])*'"
+                     r'|"(?:\\.|[^"\\\n])*"'
+                     r"|(?P<unclosed>(?<!\w)'|\")", re.DOTALL)  # (?<!\w): 1'000 is a number, don't an apostrophe
+
+
+def _without_comments(source: str) -> str | None:
+    """C/C++ `source`, lines spliced, each comment a space; None where a quote opens a literal that `source` never
+    closes: a piece cut from a longer source, in which what reads as a comment may sit inside that literal."""
+    unclosed = False
+
+    def blank(token: re.Match) -> str:
+        nonlocal unclosed
+        unclosed = unclosed or token["unclosed"] is not None
+        return " " if token["comment"] else token[0]
+
+    text = C_TOKEN.sub(blank, re.sub(r"\\\r?\n", "", source))
+    return None if unclosed else text
+
+
+def native_text(code: str) -> str:
+    """What the native rules read: the value of each string literal of the candidate (its C++/CUDA sources) with
+    C/C++ comments removed, and its Python names (a CUDA runtime binding called from Python). Python comments and
+    docstrings drop out; so an honest `// no std::thread here` breaks no rule. Values, not spelling: in
+    `"// x\\n std::thread t;"` the thread is code. If any literal leaves a quote open, its neighbours may sit
+    inside it, and nothing is removed. Text that is not Python is read as one C/C++ source."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        stripped = _without_comments(code)
+        return code if stripped is None else stripped
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    sources = [n.value for n in ast.walk(tree)
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    names = [n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else n.name
+             for n in ast.walk(tree) if isinstance(n, (ast.Name, ast.Attribute, ast.alias))]
+    stripped = [_without_comments(source) for source in sources]
+    return "\n".join((sources if None in stripped else stripped) + names)
 
 
 def kernel_names(code: str) -> list[str]:
     """Names of the __global__ functions a candidate defines: its own kernels, as the profiler names them."""
-    return sorted(set(GLOBAL_FUNCTION.findall(re.sub(r"__launch_bounds__\s*\([^)]*\)", "", code))))
+    return sorted(set(GLOBAL_FUNCTION.findall(re.sub(r"__launch_bounds__\s*\([^)]*\)", "", native_text(code)))))
 
 
 def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
@@ -121,6 +165,8 @@ def static_check(code: str, device: str, rules: str = "kevin") -> tuple[str, str
             name = _dotted(node, aliases)
             if name and isinstance(node, ast.Attribute) and node.attr in BANNED_IMPORTS:  # torch.cuda.threading
                 violations.append(f"[{BANNED_IMPORTS[node.attr]}] line {node.lineno}: {name} is not allowed")
+            if name and PROCESS_CALLS.fullmatch(name):
+                violations.append(f"[threads] line {node.lineno}: {name} starts a process and is not allowed")
             if name and name.startswith("torch.nn.") and not name.startswith("torch.nn.init"):
                 member = name.split(".")[2]
                 if member == "functional":
@@ -137,10 +183,11 @@ def static_check(code: str, device: str, rules: str = "kevin") -> tuple[str, str
     bases = {_dotted(b, {**aliases, "Model": "Model"}) or "" for b in classes["ModelNew"].bases}
     if "Model" in bases or any(b.endswith(".Model") for b in bases):
         violations.append("[subclass-reference] ModelNew must not subclass the reference Model")
-    if NATIVE_THREADS.search(code):
+    native = native_text(code)
+    if NATIVE_THREADS.search(native):
         violations.append("[threads] native code must not start threads or host callbacks (std::thread, "
                           "pthread_create, std::async, cudaLaunchHostFunc)")
-    if "load_inline" not in code:
+    if "load_inline" not in native:
         violations.append("[no-kernel] no native kernel: build one with torch.utils.cpp_extension.load_inline")
     elif device == "cuda" and not kernel_names(code):
         violations.append("[no-kernel] no CUDA kernel: cuda_sources must define a __global__ kernel")

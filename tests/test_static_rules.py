@@ -1,0 +1,110 @@
+"""static_rules.py: the native rules read code, not comments; macro-stamped kernels; the candidate's own torch ops.
+
+Each candidate here is a whole solution file, as a model would write it, judged by static_check or kernel_names."""
+import pytest
+
+from static_rules import kernel_names, native_text, static_check
+
+
+def candidate(cuda: str, prelude: str = "", forward: str = "return ext.k(x)") -> str:
+    """A solution whose CUDA source is `cuda`, in a triple-quoted literal as models write it."""
+    return f'''import torch
+{prelude}
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = """{cuda}"""
+ext = load_inline(name="k", cpp_sources="", cuda_sources=cuda_source, functions=["k"])
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        {forward}
+'''
+
+
+KERNEL = "__global__ void k(float* x) { x[threadIdx.x] = 0.f; }"
+
+
+def threads_rule_broken(code: str) -> bool:
+    verdict = static_check(code, "cuda")
+    return verdict is not None and "[threads]" in verdict[1]
+
+
+# ------------------------------------------------------------------------------------------- comments
+
+@pytest.mark.parametrize("comment", [
+    "// no std::thread here: one block per row",
+    "/* a std::async fallback was slower,\n   so there is none */",
+])
+def test_a_thread_named_in_a_cpp_comment_breaks_no_rule(comment):
+    assert static_check(candidate(f"{comment}\n{KERNEL}"), "cuda") is None
+
+
+def test_a_thread_named_in_a_python_comment_or_docstring_breaks_no_rule():
+    prelude = '"""One kernel, no std::thread."""\n# pthread_create would defer the work: not used'
+    assert static_check(candidate(KERNEL, prelude), "cuda") is None
+
+
+def test_a_comment_marker_inside_a_cpp_string_hides_no_code():
+    assert threads_rule_broken(candidate('void log() { printf("// "); std::thread t(log); }\n' + KERNEL))
+    assert threads_rule_broken(candidate('auto s = R"x(" // )x"; std::thread t(f);\n' + KERNEL))
+    assert threads_rule_broken(candidate("""auto c = L'"'; auto s = "// "; std::thread t(f);\n""" + KERNEL))
+
+
+def test_a_digit_separator_opens_no_character_literal():
+    assert threads_rule_broken(candidate("""int n = 1'000; auto s = "'//"; std::thread t(f);\n""" + KERNEL))
+    assert not threads_rule_broken(candidate("int n = 1'000;  // std::thread was slower\n" + KERNEL))
+
+
+def test_a_newline_escape_in_the_python_literal_ends_a_cpp_line_comment():
+    code = candidate(KERNEL).replace('ext = load_inline', 'hidden = "// note\\n std::thread t(f);"\next = load_inline')
+    assert threads_rule_broken(code)
+
+
+def test_python_floor_division_is_no_cpp_comment():
+    code = candidate(KERNEL).replace("ext = load_inline", 'n = 4 // 2; more = "std::thread t(f);"\next = load_inline')
+    assert threads_rule_broken(code)
+
+
+def test_a_literal_left_open_for_another_to_close_keeps_every_comment():
+    cut = 'head = "const char* s = \\""\ntail = "// \\"; std::thread t(f);"\n'
+    assert threads_rule_broken(candidate(KERNEL).replace("ext = load_inline", cut + "ext = load_inline"))
+
+
+def test_a_kernel_in_a_comment_is_not_a_kernel():
+    commented = "// __global__ void old_k(float* x) {}\n/* __global__ void older_k(float* x) {} */\n"
+    assert kernel_names(candidate(commented + KERNEL)) == ["k"]
+    verdict = static_check(candidate(commented), "cuda")
+    assert verdict[0] == "rejected" and "[no-kernel] no CUDA kernel" in verdict[1]
+
+
+def test_a_mention_of_load_inline_in_a_comment_is_no_native_kernel():
+    verdict = static_check("import torch\n# load_inline later\nclass ModelNew(torch.nn.Module):\n    x = 1\n", "cpu")
+    assert verdict[0] == "rejected" and "[no-kernel] no native kernel" in verdict[1]
+
+
+def test_native_text_reads_a_bare_cuda_source_as_cpp():
+    assert "std::thread" not in native_text("// std::thread\n" + KERNEL) and "__global__" in native_text(KERNEL)
+
+
+# ----------------------------------------------------------------------------------- threads and processes
+
+@pytest.mark.parametrize("prelude, forward", [
+    ("import _thread", "_thread.start_new_thread(print, ())"),
+    ("import _posixsubprocess", "return ext.k(x)"),
+    ("import pty", "pty.fork()"),
+    ("import os", "os.fork()"),
+    ("import os", "os.forkpty()"),
+    ("import os", "os.posix_spawn('/bin/true', [], {})"),
+    ("import os", "os.spawnv(os.P_NOWAIT, '/bin/true', [])"),
+    ("import os", "os.system('true')"),
+    ("import os as system_calls", "system_calls.popen('true')"),
+    ("from os import system", "run = system"),
+    ("import posix", "posix.fork()"),
+])
+def test_a_thread_or_process_started_from_python_is_refused(prelude, forward):
+    assert threads_rule_broken(candidate(KERNEL, prelude, forward))
+
+
+def test_harmless_os_calls_are_allowed():
+    assert static_check(candidate(KERNEL, "import os", "return ext.k(x) if os.environ else x"), "cuda") is None
