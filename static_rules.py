@@ -98,9 +98,48 @@ def native_text(code: str) -> str:
     return "\n".join((sources if None in stripped else stripped) + names)
 
 
+# A function-like macro's definition, its lines already spliced: name, parameters, body.
+MACRO_DEFINITION = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)\(([^)]*)\)(.*)$", re.MULTILINE)
+
+
+def _global_functions(source: str) -> list[str]:
+    """The __global__ functions `source` defines; `__launch_bounds__(...)` would read as the name."""
+    return GLOBAL_FUNCTION.findall(re.sub(r"__launch_bounds__\s*\([^)]*\)", "", source))
+
+
+def _macro_arguments(source: str, macro: str) -> list[list[str]]:
+    """The arguments of each invocation of `macro` in `source`, split at the commas outside parentheses."""
+    invocations = []
+    for call in re.finditer(rf"\b{macro}\s*\(", source):
+        arguments, depth, start = [], 0, call.end()
+        for i in range(call.end(), len(source)):
+            depth += {"(": 1, ")": -1}.get(source[i], 0)
+            if depth < 0 or (depth == 0 and source[i] == ","):
+                arguments.append(source[start:i].strip())
+                start = i + 1
+            if depth < 0:
+                invocations.append(arguments)
+                break
+    return invocations
+
+
 def kernel_names(code: str) -> list[str]:
-    """Names of the __global__ functions a candidate defines: its own kernels, as the profiler names them."""
-    return sorted(set(GLOBAL_FUNCTION.findall(re.sub(r"__launch_bounds__\s*\([^)]*\)", "", native_text(code)))))
+    """Names of the __global__ functions a candidate defines: its own kernels, as the profiler names them. A kernel
+    stamped out by a function-like macro (`#define UNARY(name, expr) __global__ void name(...)`, then
+    `UNARY(relu_kernel, ...)`) is named by each invocation: its arguments put in, `##` pasted."""
+    source = native_text(code)
+    outside_macros = MACRO_DEFINITION.sub("", source)
+    names = set(_global_functions(outside_macros))
+    for macro, parameters, body in MACRO_DEFINITION.findall(source):
+        if "__global__" not in body:
+            continue
+        parameters = [p.strip() for p in parameters.split(",")]
+        for arguments in _macro_arguments(outside_macros, macro):
+            if len(arguments) == len(parameters):
+                given = dict(zip(parameters, arguments))
+                expanded = re.sub(r"\w+", lambda word: given.get(word[0], word[0]), body)
+                names.update(_global_functions(re.sub(r"\s*##\s*", "", expanded)))
+    return sorted(names)
 
 
 def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
@@ -189,7 +228,7 @@ def static_check(code: str, device: str, rules: str = "kevin") -> tuple[str, str
                           "pthread_create, std::async, cudaLaunchHostFunc)")
     if "load_inline" not in native:
         violations.append("[no-kernel] no native kernel: build one with torch.utils.cpp_extension.load_inline")
-    elif device == "cuda" and not kernel_names(code):
+    elif device == "cuda" and not _global_functions(native):  # in a macro too, however it is invoked
         violations.append("[no-kernel] no CUDA kernel: cuda_sources must define a __global__ kernel")
     if rules == "kernelbench":
         violations = [v for v in violations if not v.startswith(KEVIN_ONLY)]

@@ -7,12 +7,13 @@ from static_rules import kernel_names, native_text, static_check
 
 
 def candidate(cuda: str, prelude: str = "", forward: str = "return ext.k(x)") -> str:
-    """A solution whose CUDA source is `cuda`, in a triple-quoted literal as models write it."""
+    """A solution whose CUDA source is `cuda`, in a raw triple-quoted literal as models write it (a backslash at a
+    line's end reaches the compiler)."""
     return f'''import torch
 {prelude}
 from torch.utils.cpp_extension import load_inline
 
-cuda_source = """{cuda}"""
+cuda_source = r"""{cuda}"""
 ext = load_inline(name="k", cpp_sources="", cuda_sources=cuda_source, functions=["k"])
 
 
@@ -108,3 +109,51 @@ def test_a_thread_or_process_started_from_python_is_refused(prelude, forward):
 
 def test_harmless_os_calls_are_allowed():
     assert static_check(candidate(KERNEL, "import os", "return ext.k(x) if os.environ else x"), "cuda") is None
+
+
+# ------------------------------------------------------------------------------------------------- macros
+
+ELEMENTWISE_MACROS = r"""
+#include <torch/extension.h>
+
+#define UNARY_KERNEL(name, expr)                                          \
+  __global__ void name(const float* __restrict__ x, float* y, int n) {   \
+    int i = blockIdx.x * blockDim.x + threadIdx.x;                        \
+    if (i < n) { float v = x[i]; y[i] = (expr); }                         \
+  }
+
+#define BINARY_KERNEL(op) \
+  __global__ void __launch_bounds__(256) op##_pair_kernel(const float* a, const float* b, float* y, int n) { \
+    int i = blockIdx.x * blockDim.x + threadIdx.x; \
+    if (i < n) y[i] = a[i] OP_##op b[i]; \
+  }
+#define OP_add +
+#define OP_mul *
+#define CHECK_CUDA(x) TORCH_CHECK(x.is_cuda(), #x " must be a CUDA tensor")
+
+UNARY_KERNEL(relu_kernel, fmaxf(v, 0.f))
+UNARY_KERNEL(gelu_kernel, 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))))
+BINARY_KERNEL(add)
+BINARY_KERNEL(mul)
+
+__global__ void scale_kernel(float* y, float s, int n) { if (threadIdx.x < n) y[threadIdx.x] *= s; }
+
+torch::Tensor relu(torch::Tensor x) {
+  CHECK_CUDA(x);
+  auto y = torch::empty_like(x);
+  int n = x.numel();
+  relu_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+  return y;
+}
+"""
+
+
+def test_kernels_stamped_out_by_a_macro_are_named_by_its_invocations():
+    assert kernel_names(candidate(ELEMENTWISE_MACROS)) == [
+        "add_pair_kernel", "gelu_kernel", "mul_pair_kernel", "relu_kernel", "scale_kernel"]
+
+
+def test_a_kernel_macro_never_invoked_names_no_kernel_but_still_counts_as_one():
+    macro_only = "#define UNARY_KERNEL(name) \\\n  __global__ void name(float* x) { x[0] = 0.f; }\n"
+    assert kernel_names(candidate(macro_only)) == []
+    assert static_check(candidate(macro_only), "cuda") is None
