@@ -157,3 +157,58 @@ def test_a_kernel_macro_never_invoked_names_no_kernel_but_still_counts_as_one():
     macro_only = "#define UNARY_KERNEL(name) \\\n  __global__ void name(float* x) { x[0] = 0.f; }\n"
     assert kernel_names(candidate(macro_only)) == []
     assert static_check(candidate(macro_only), "cuda") is None
+
+
+# ------------------------------------------------------------------------------------- custom operators
+
+RELU_CUDA = r"""
+#include <torch/extension.h>
+__global__ void relu_kernel(const float* x, float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = fmaxf(x[i], 0.f);
+}
+torch::Tensor relu_cuda(torch::Tensor x) {
+  auto y = torch::empty_like(x);
+  int n = x.numel();
+  relu_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+  return y;
+}
+"""
+
+
+def custom_op(library: str, call: str, impl_namespace: str = "kevin_ops") -> str:
+    """A solution whose C++ registers its CUDA relu as an operator in `library`, and whose forward is `call`."""
+    registration = (f'{library} {{\n  m.def("relu(Tensor x) -> Tensor");\n}}\n' if library else "") + (
+        f'TORCH_LIBRARY_IMPL({impl_namespace}, CUDA, m) {{\n  m.impl("relu", &relu_cuda);\n}}\n')
+    return f'''import torch
+from torch.utils.cpp_extension import load_inline
+
+cpp_source = r"""
+#include <torch/extension.h>
+torch::Tensor relu_cuda(torch::Tensor x);
+{registration}"""
+load_inline(name="relu_op", cpp_sources=cpp_source, cuda_sources=r"""{RELU_CUDA}""", is_python_module=False)
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return {call}(x)
+'''
+
+
+@pytest.mark.parametrize("library", ["TORCH_LIBRARY(kevin_ops, m)", "TORCH_LIBRARY_FRAGMENT(kevin_ops, m)"])
+@pytest.mark.parametrize("call", ["torch.ops.kevin_ops.relu", "torch.ops.kevin_ops.relu.default"])
+def test_an_operator_the_candidate_registers_itself_may_be_called_through_torch_ops(library, call):
+    assert static_check(custom_op(library, call), "cuda") is None
+
+
+@pytest.mark.parametrize("library, call, impl_namespace", [
+    ("TORCH_LIBRARY(kevin_ops, m)", "torch.ops.aten.relu", "kevin_ops"),  # PyTorch's own op beside one's own
+    ("TORCH_LIBRARY_FRAGMENT(aten, m)", "torch.ops.aten.relu", "aten"),  # an op added to aten is still aten's
+    ("", "torch.ops.kevin_ops.relu", "kevin_ops"),  # an implementation alone defines no library
+    ("// TORCH_LIBRARY(kevin_ops, m)", "torch.ops.kevin_ops.relu", "kevin_ops"),  # nor does a comment
+    ("TORCH_LIBRARY(kevin_ops, m)", "torch.ops.other_ops.relu", "kevin_ops"),  # nor another's library
+])
+def test_an_operator_the_candidate_does_not_define_stays_a_torch_op(library, call, impl_namespace):
+    status, feedback = static_check(custom_op(library, call, impl_namespace), "cuda")
+    assert status == "rejected" and f"the PyTorch op {call}() is not allowed" in feedback
