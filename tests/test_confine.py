@@ -1,8 +1,11 @@
 """sandbox.confine on a real forked process: what a boxed-in child can and cannot reach."""
 import json
+import multiprocessing.resource_tracker
 import os
 import signal
 import socket
+import subprocess
+import threading
 
 import pytest
 
@@ -11,9 +14,13 @@ import sandbox
 MECHANISMS = sandbox.available()
 
 
-def confined(tmp_path, probe, mechanisms=None, hidden=()):
-    """Run `probe()` in a forked child boxed in with only tmp_path/own writable; its JSON answer, or the
-    signal that killed it."""
+def confined(tmp_path, probe, mechanisms=None, hidden=(), **options):
+    """Run `probe()` in a forked child boxed in with only tmp_path/own writable (and `options` of confine); its JSON
+    answer, or the signal that killed it."""
+    return answer_of(start_confined(tmp_path, probe, mechanisms, hidden, **options))
+
+
+def start_confined(tmp_path, probe, mechanisms=None, hidden=(), **options) -> tuple[int, int]:
     own = tmp_path / "own"
     own.mkdir(exist_ok=True)
     read_end, write_end = os.pipe()
@@ -21,13 +28,19 @@ def confined(tmp_path, probe, mechanisms=None, hidden=()):
     if pid == 0:
         os.close(read_end)
         try:
-            sandbox.confine([str(own)], sandbox.readable([str(tmp_path)], list(hidden)), mechanisms or MECHANISMS)
+            sandbox.confine([str(own)], sandbox.readable([str(tmp_path)], list(hidden)), mechanisms or MECHANISMS,
+                            **options)
             answer = probe(own)
         except BaseException as e:  # noqa: BLE001 - the test reads it
             answer = {"error": repr(e)}
         os.write(write_end, json.dumps(answer).encode())
         os._exit(0)
     os.close(write_end)
+    return pid, read_end
+
+
+def answer_of(started: tuple[int, int]) -> dict:
+    pid, read_end = started
     with os.fdopen(read_end) as f:
         text = f.read()
     _, status = os.waitpid(pid, 0)
@@ -45,6 +58,8 @@ def attempt(action) -> str:
 
 
 needs_landlock = pytest.mark.skipif(not MECHANISMS["landlock"], reason="the kernel has no Landlock")
+needs_seccomp = pytest.mark.skipif(not MECHANISMS["seccomp"], reason="the kernel has no seccomp")
+needs_mount_namespace = pytest.mark.skipif(not MECHANISMS["mount_namespace"], reason="no mount namespaces here")
 
 
 @needs_landlock
@@ -84,13 +99,13 @@ def test_a_hidden_folder_cannot_be_listed_though_its_siblings_are_read(tmp_path)
         str(tmp_path / "readable.txt")) == 1
 
 
-@pytest.mark.skipif(not MECHANISMS["seccomp"], reason="the kernel has no seccomp")
+@needs_seccomp
 def test_an_internet_socket_kills_the_child_with_sigsys(tmp_path):
     answer = confined(tmp_path, lambda own: {"socket": attempt(lambda: socket.socket(socket.AF_INET))})
     assert answer == {"signal": signal.SIGSYS}
 
 
-@pytest.mark.skipif(not MECHANISMS["seccomp"], reason="the kernel has no seccomp")
+@needs_seccomp
 def test_a_unix_socket_pair_still_works_under_seccomp(tmp_path):
     answer = confined(tmp_path, lambda own: {"pair": attempt(socket.socketpair)})
     assert answer == {"pair": "done"}
@@ -113,10 +128,135 @@ def test_the_network_namespace_has_no_route_to_localhost(tmp_path):
 
 
 def test_describe_names_what_is_on_and_what_is_missing():
-    line = sandbox.describe({"landlock": False, "namespaces": True, "seccomp": True})
+    line = sandbox.describe({"landlock": False, "namespaces": True, "mount_namespace": True, "seccomp": True})
     assert line.startswith("sandbox: user+network namespaces")
     assert line.endswith("not available here: landlock")
+    assert sandbox.describe({"landlock": True, "namespaces": True, "seccomp": True}).endswith(
+        "not available here: mount_namespace")
     assert sandbox.describe({}) == "sandbox: off"
+
+
+def fork_and_wait() -> None:
+    if os.fork() == 0:
+        os._exit(0)
+    os.wait()
+
+
+@needs_seccomp
+@pytest.mark.parametrize("start", [fork_and_wait, lambda: os.system("true"), lambda: subprocess.run(["true"])],
+                         ids=["fork", "os.system", "subprocess"])
+def test_a_child_that_may_start_no_process_is_killed_by_sigsys_when_it_starts_one(tmp_path, start):
+    answer = confined(tmp_path, lambda own: {"started": attempt(start)}, forbid_processes=True)
+    assert answer == {"signal": signal.SIGSYS}
+
+
+THREADS_CPP = r"""
+#include <atomic>
+#include <thread>
+#include <vector>
+extern "C" int std_threads(int n) {
+    std::atomic<int> ran{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) threads.emplace_back([&] { ++ran; });
+    for (auto& t : threads) t.join();
+    return ran;
+}
+extern "C" int openmp_threads() {
+    int ran = 0;
+    #pragma omp parallel num_threads(3)
+    {
+        #pragma omp atomic
+        ++ran;
+    }
+    return ran;
+}
+"""
+
+
+@needs_seccomp
+def test_threads_still_start_where_processes_may_not(tmp_path):
+    """Python's threads, C++'s std::thread, OpenMP's and torch's: clone3 answers ENOSYS, glibc takes clone. torch is
+    imported before, as the fork server does (its import runs ldconfig in a process)."""
+    import ctypes
+
+    import torch
+
+    (tmp_path / "threads.cpp").write_text(THREADS_CPP)
+    subprocess.run(["g++", "-shared", "-fPIC", "-fopenmp", "-pthread", str(tmp_path / "threads.cpp"), "-o",
+                    str(tmp_path / "threads.so")], check=True)
+
+    def probe(own):
+        ran = []
+        threads = [threading.Thread(target=ran.append, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        native = ctypes.CDLL(str(tmp_path / "threads.so"))
+        torch.set_num_threads(2)
+        total = torch.ones(1 << 22).mul_(2).sum().item()  # past the grain size: on torch's thread pool
+        with open("/proc/self/status") as f:
+            alive = int(next(line for line in f if line.startswith("Threads:")).split()[1])
+        return {"python": sorted(ran), "std::thread": native.std_threads(4), "openmp": native.openmp_threads(),
+                "torch": total, "pool": alive >= 2}
+
+    answer = confined(tmp_path, probe, forbid_processes=True)
+    assert answer == {"python": [0, 1, 2, 3], "std::thread": 4, "openmp": 3, "torch": 2.0 * (1 << 22), "pool": True}
+
+
+@needs_mount_namespace
+def test_each_child_has_an_empty_dev_shm_of_its_own_that_goes_with_it(tmp_path):
+    """What one child writes in /dev/shm another never sees, nor does the host, while it runs or after."""
+    name = f"confine-test-{os.getpid()}"
+    on_host = f"/dev/shm/{name}-host"
+    written_r, written_w = os.pipe()
+    go_r, go_w = os.pipe()
+
+    def writer(own):
+        with open(f"/dev/shm/{name}", "w") as f:
+            f.write("a message to the next candidate")
+        os.write(written_w, b"1")
+        os.read(go_r, 1)  # alive until the other child has looked
+        return {"sees": os.listdir("/dev/shm")}
+
+    open(on_host, "w").close()
+    try:
+        first = start_confined(tmp_path, writer, private_shm=True)
+        os.close(written_w)
+        os.read(written_r, 1)
+        second = confined(tmp_path, lambda own: {"sees": os.listdir("/dev/shm")}, private_shm=True)
+        host_while_it_runs = os.path.exists(f"/dev/shm/{name}")
+        os.write(go_w, b"1")
+        assert answer_of(first) == {"sees": [name]}
+    finally:
+        os.unlink(on_host)
+    assert second == {"sees": []}
+    assert not host_while_it_runs and not os.path.exists(f"/dev/shm/{name}")
+
+
+@needs_mount_namespace
+def test_shared_memory_works_in_a_private_dev_shm(tmp_path):
+    """Python's shared memory and torch's, in a child boxed in as run children are (no processes either); the
+    resource tracker runs outside, and torch is imported before, as the evaluator's fork server does."""
+    from multiprocessing import shared_memory
+
+    import torch
+
+    multiprocessing.resource_tracker.ensure_running()
+
+    def probe(own):
+        block = shared_memory.SharedMemory(create=True, size=1 << 20)
+        block.buf[:5] = b"hello"
+        again = shared_memory.SharedMemory(name=block.name)
+        seen, listed = bytes(again.buf[:5]).decode(), os.listdir("/dev/shm")
+        again.close()
+        block.close()
+        block.unlink()
+        tensor = torch.arange(4.0).share_memory_()
+        return {"seen": seen, "listed": listed == [block.name.lstrip("/")], "torch": tensor.is_shared()}
+
+    assert confined(tmp_path, probe, private_shm=True, forbid_processes=True) == {
+        "seen": "hello", "listed": True, "torch": True}
 
 
 def test_a_made_up_request_from_a_child_is_answered_with_an_error_not_a_crash(tmp_path):
