@@ -85,18 +85,17 @@ def _without_comments(source: str) -> str | None:
 
 def native_text(code: str) -> str:
     """What the native rules read: the value of each string literal of the candidate (its C++/CUDA sources) with
-    C/C++ comments removed, and its Python names (a CUDA runtime binding called from Python). Python comments and
-    docstrings drop out; so an honest `// no std::thread here` breaks no rule. Values, not spelling: in
-    `"// x\\n std::thread t;"` the thread is code. If any literal leaves a quote open, its neighbours may sit
-    inside it, and nothing is removed. Text that is not Python is read as one C/C++ source."""
+    C/C++ comments removed, and its Python names (a CUDA runtime binding called from Python). Python comments drop
+    out, so an honest `// no std::thread here` or `# no std::thread` breaks no rule; docstrings stay, being values
+    the code can read (`__doc__`). Values, not spelling: in `"// x\\n std::thread t;"` the thread is code. If any
+    literal leaves a quote open, its neighbours may sit inside it, and nothing is removed. Text that is not Python
+    is read as one C/C++ source."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
         stripped = _without_comments(code)
         return code if stripped is None else stripped
-    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
-    sources = [n.value for n in ast.walk(tree)
-               if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    sources = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
     names = [n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else n.name
              for n in ast.walk(tree) if isinstance(n, (ast.Name, ast.Attribute, ast.alias))]
     stripped = [_without_comments(source) for source in sources]

@@ -41,9 +41,14 @@ def test_a_thread_named_in_a_cpp_comment_breaks_no_rule(comment):
     assert static_check(candidate(f"{comment}\n{KERNEL}"), "cuda") is None
 
 
-def test_a_thread_named_in_a_python_comment_or_docstring_breaks_no_rule():
-    prelude = '"""One kernel, no std::thread."""\n# pthread_create would defer the work: not used'
+def test_a_thread_named_in_a_python_comment_breaks_no_rule():
+    prelude = "# pthread_create would defer the work: not used"
     assert static_check(candidate(KERNEL, prelude), "cuda") is None
+
+
+def test_a_docstring_is_a_value_the_code_can_compile_so_a_thread_in_it_counts():
+    code = '"""__global__ void k(float* x) {}\nvoid f() { std::thread t([] {}); }"""\n' + candidate(KERNEL)
+    assert threads_rule_broken(code.replace("cuda_sources=cuda_source", "cuda_sources=__doc__"))
 
 
 def test_a_comment_marker_inside_a_cpp_string_hides_no_code():
@@ -212,3 +217,4 @@ def test_an_operator_the_candidate_registers_itself_may_be_called_through_torch_
 def test_an_operator_the_candidate_does_not_define_stays_a_torch_op(library, call, impl_namespace):
     status, feedback = static_check(custom_op(library, call, impl_namespace), "cuda")
     assert status == "rejected" and f"the PyTorch op {call}() is not allowed" in feedback
+
