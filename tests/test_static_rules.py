@@ -1,8 +1,14 @@
 """static_rules.py: the native rules read code, not comments; macro-stamped kernels; the candidate's own torch ops.
+library_kernels.py: the kernels a built library holds, which the source's names must agree with.
 
-Each candidate here is a whole solution file, as a model would write it, judged by static_check or kernel_names."""
+Each candidate here is a whole solution file, as a model would write it, judged by static_check or kernel_names.
+The libraries are real: nvcc builds them (no torch headers, seconds), cuobjdump reads them."""
+import shutil
+import subprocess
+
 import pytest
 
+from library_kernels import base_name, cuobjdump, kernel_symbols, kernels_in_library
 from static_rules import kernel_names, native_text, static_check
 
 
@@ -218,3 +224,131 @@ def test_an_operator_the_candidate_does_not_define_stays_a_torch_op(library, cal
     status, feedback = static_check(custom_op(library, call, impl_namespace), "cuda")
     assert status == "rejected" and f"the PyTorch op {call}() is not allowed" in feedback
 
+
+
+# ----------------------------------------------------------------------------------- kernels in a library
+
+@pytest.mark.parametrize("symbol, namespaces, name", [
+    ("_Z11relu_kernelPKfPfi", (), "relu_kernel"),
+    ("_ZN5mylib10add_kernelEPfS0_i", ("mylib",), "add_kernel"),
+    ("_Z8identityIfEvPKT_PS0_i", (), "identity"),
+    ("_ZN5outer5inner5tiledILi4EEEvPf", ("outer", "inner"), "tiled"),
+    ("_ZN12_GLOBAL__N_16kernelEv", ("(anonymous namespace)",), "kernel"),
+    ("_ZN36_GLOBAL__N__41bfd65a_4_k_cu_66177bc813hidden_kernelEPf", ("(anonymous namespace)",), "hidden_kernel"),
+    ("_ZN3cub17CUB_300001_SM_9006detail6reduce18DeviceReduceKernelINS2_10policy_hubIfjN4cuda3std3__44plusIvEEE10"
+     "Policy1000EPKfjS9_fNS7_10__identityEEEvT0_PT3_T1_NS0_13GridEvenShareISI_EET2_T4_",
+     ("cub", "CUB_300001_SM_900", "detail", "reduce"), "DeviceReduceKernel"),
+    ("plain_c_kernel", (), "plain_c_kernel"),
+])
+def test_base_name_reads_namespaces_and_name_from_a_mangled_kernel_symbol(symbol, namespaces, name):
+    assert base_name(symbol) == (namespaces, name)
+
+
+KERNELS = r"""
+#define UNARY_KERNEL(name, expr) \
+  __global__ void name(const float* x, float* y, int n) { \
+    int i = blockIdx.x * blockDim.x + threadIdx.x; \
+    if (i < n) { float v = x[i]; y[i] = (expr); } \
+  }
+
+__global__ void relu_kernel(const float* x, float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+
+template <typename T>
+__global__ void identity(const T* x, T* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i];
+}
+template __global__ void identity<float>(const float*, float*, int);
+template __global__ void identity<double>(const double*, double*, int);
+
+UNARY_KERNEL(square_kernel, v * v)
+
+namespace mylib {
+__global__ void add_kernel(float* a, const float* b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) a[i] += b[i];
+}
+}  // namespace mylib
+
+namespace {
+__global__ void hidden_kernel(float* a) { a[threadIdx.x] = 1.f; }
+}
+void launch_hidden(float* a) { hidden_kernel<<<1, 32>>>(a); }
+
+extern "C" __global__ void plain_c_kernel(float* a) { a[threadIdx.x] = 2.f; }
+"""
+
+CUB_KERNELS = r"""
+#include <cub/cub.cuh>
+
+__global__ void block_sum_kernel(const float* x, float* out, int n) {
+  using BlockReduce = cub::BlockReduce<float, 256>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  float total = BlockReduce(temp).Sum(i < n ? x[i] : 0.f);
+  if (threadIdx.x == 0) atomicAdd(out, total);
+}
+
+void device_sum(const float* x, float* out, int n) {
+  void* temp = nullptr;
+  size_t bytes = 0;
+  cub::DeviceReduce::Sum(temp, bytes, x, out, n);
+  cudaMalloc(&temp, bytes);
+  cub::DeviceReduce::Sum(temp, bytes, x, out, n);
+  cudaFree(temp);
+}
+"""
+
+
+def require(compiler: str) -> None:
+    """Skip where `compiler` or cuobjdump is missing (cuobjdump is in no pip-installed toolkit but its own wheel)."""
+    if shutil.which(compiler) is None or cuobjdump() is None:
+        pytest.skip(f"needs {compiler} and cuobjdump (pip install nvidia-cuda-cuobjdump)")
+
+
+def built_library(folder, source: str, arch: str = "sm_90"):
+    """`source` built as a shared library for `arch`, as an extension's CUDA file is (no torch headers)."""
+    require("nvcc")
+    (folder / "k.cu").write_text(source)
+    subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", f"-arch={arch}", "-o", "k.so", "k.cu"], cwd=folder,
+                   check=True, capture_output=True)
+    return folder / "k.so"
+
+
+def test_the_kernels_of_a_built_library_are_read_from_its_cubins(tmp_path):
+    library = built_library(tmp_path, KERNELS)
+    assert kernels_in_library(library) == [
+        "add_kernel", "hidden_kernel", "identity", "plain_c_kernel", "relu_kernel", "square_kernel"]
+    assert sorted(base_name(symbol) for symbol in kernel_symbols(library)) == [
+        ((), "identity"), ((), "identity"), ((), "plain_c_kernel"), ((), "relu_kernel"), ((), "square_kernel"),
+        (("(anonymous namespace)",), "hidden_kernel"), (("mylib",), "add_kernel")]
+    assert kernel_names(KERNELS) == kernels_in_library(library)
+
+
+def test_the_kernels_a_library_header_instantiates_are_listed_under_its_namespace(tmp_path):
+    kernels = {base_name(symbol) for symbol in kernel_symbols(built_library(tmp_path, CUB_KERNELS))}
+    assert ((), "block_sum_kernel") in kernels
+    assert {name for namespaces, name in kernels if namespaces[:1] == ("cub",)} >= {
+        "DeviceReduceKernel", "DeviceReduceSingleTileKernel"}
+
+
+def test_a_library_of_ptx_only_is_unread_its_kernels_are_compiled_when_loaded(tmp_path):
+    assert kernels_in_library(built_library(tmp_path, KERNELS, arch="compute_90")) is None
+
+
+def test_a_library_without_device_code_has_no_kernels_and_one_that_is_missing_is_unread(tmp_path):
+    require("g++")
+    (tmp_path / "host.cpp").write_text("int answer() { return 42; }\n")
+    subprocess.run(["g++", "-shared", "-fPIC", "-o", "host.so", "host.cpp"], cwd=tmp_path, check=True)
+    assert kernels_in_library(tmp_path / "host.so") == []
+    assert kernels_in_library(tmp_path / "missing.so") is None
+
+
+def test_without_cuobjdump_the_library_is_unread(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr("library_kernels.sysconfig.get_paths", lambda: {"purelib": str(tmp_path)})
+    assert kernels_in_library(tmp_path / "k.so") is None
