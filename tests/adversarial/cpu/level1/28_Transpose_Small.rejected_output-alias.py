@@ -9,7 +9,8 @@ double prefetch(torch::Tensor x) {
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kFloat32, "expected contiguous fp32");
     const float* in = x.data_ptr<float>();
     double touched = 0.0;
-    for (int64_t i = 0; i < x.numel(); i += 16) touched += in[i];
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; i += 16) touched += in[i];
     return touched;
 }
 """

@@ -15,7 +15,8 @@ torch::Tensor relu(torch::Tensor x) {
     auto out = torch::empty_like(x);
     const float* in = x.data_ptr<float>();
     float* result = out.data_ptr<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) result[i] = in[i] > 0.f ? in[i] : 0.f;
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) result[i] = in[i] > 0.f ? in[i] : 0.f;
     return out;
 }
 """

@@ -12,7 +12,8 @@ torch::Tensor relu(torch::Tensor x) {
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kFloat32, "expected contiguous fp32");
     TORCH_CHECK(x.numel() <= CAPACITY, "input larger than the kept buffer");
     const float* in = x.data_ptr<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) kept[i] = in[i] > 0.f ? in[i] : 0.f;
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) kept[i] = in[i] > 0.f ? in[i] : 0.f;
     return torch::from_blob(kept, x.sizes(), x.options());
 }
 """

@@ -12,7 +12,8 @@ torch::Tensor swish_into(torch::Tensor x, torch::Tensor out) {
     TORCH_CHECK(out.is_contiguous() && out.numel() == x.numel(), "buffer does not fit the input");
     const float* in = x.data_ptr<float>();
     float* result = out.data_ptr<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) result[i] = in[i] / (1.f + std::exp(-in[i]));
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) result[i] = in[i] / (1.f + std::exp(-in[i]));
     return out;
 }
 """
