@@ -8,7 +8,8 @@ an evaluation's CPU time.
 The cache is shared by candidates, so no candidate writes it: a child that runs candidate code asks the
 evaluator for each extension its load_inline names (`load_from_cache`), the evaluator has it compiled by a
 child that runs no candidate code (`BuildCache`, `compile_extension`), records the library's digest, and
-tells the child which verified library to load.
+tells the child which verified library to load. The flags a candidate passes reach the build's shell unquoted:
+each must be one plain argument, or the request is refused before anything is compiled (`refused_argument`).
 Nothing here imports torch.utils.cpp_extension at import time: a forked child that has imported it cannot
 use CUDA.
 """
@@ -66,6 +67,27 @@ _LIGHT_TYPES_H = "".join(
 _LIGHT_EXTENSION_H = ("// evaluate.py's light stand-in for torch/extension.h in a build's first attempt\n#pragma once\n"
                       "#include <torch/types.h>\n#include <ATen/Parallel.h>\n#include <torch/csrc/Exceptions.h>\n")
 
+# One argument, as the build passes it on: ninja hands load_inline's flags to a shell unquoted, so anything else
+# (`;`, `$(...)`, a quote, a newline) could run a command in the compile child. '@' is left out: `@file` reads
+# more options from a file. A flag of several such words separated by spaces is taken word by word.
+_PLAIN = re.compile(r"[A-Za-z0-9_+=,.:/%-]+")
+# Options that make a compiler or linker write a file they name (outside the build folder, or over one of its
+# files), or run or load a program of their choosing; checked in every comma-separated piece of a flag (-Wl,...,
+# -Xcompiler=...) and the value after its '='. The compile child's Landlock domain is the fence (ld also takes
+# abbreviations of its long options, such as --Ma for --Map); this list gives the model a refusal it can read.
+_WRITES_OR_RUNS = ("-o", "--output", "-MF", "-save-temps", "-dumpdir", "-dumpbase", "-aux-info", "-fdump-",
+                   "-fopt-info", "-keep", "--keep", "-time", "--time", "-Map", "--Map", "--version-script",
+                   "--dependency-file", "-fplugin", "-plugin", "--plugin", "-B", "-specs", "--specs", "-wrapper",
+                   "-ccbin", "--compiler-bindir", "-Xlinker", "--linker-options", "-Xnvlink", "--nvlink-options",
+                   "-optf", "--options-file")
+# Options whose value may come as the next argument (`-gencode arch=compute_90,code=sm_90`, `-Xptxas -v`): the
+# only place a word that is not a flag may stand.
+_TAKES_VALUE = {"-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code", "-Xptxas",
+                "--ptxas-options", "-Xcompiler", "--compiler-options", "-maxrregcount", "--maxrregcount", "-std",
+                "-D", "-U", "-I", "-L", "-l", "-x", "-include", "-isystem"}
+_FLAG_ARGUMENTS = ("extra_cflags", "extra_cuda_cflags", "extra_sycl_cflags", "extra_ldflags")
+_PLAIN_WORDS = "letters, digits and _+=,.:/%-"
+
 
 def _sources(arguments: dict, kind: str) -> list[str]:
     """load_inline's cpp_sources or cuda_sources, which may be one string or a list of them, as a list."""
@@ -88,6 +110,51 @@ def extension_key(arguments: dict, arch: str) -> tuple[str, dict]:
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     arguments.setdefault("name", f"ext_{digest}")
     return digest, arguments
+
+
+def refused_argument(arguments: dict) -> str | None:
+    """Why load_inline's arguments, as the build takes them (`extension_key`), cannot be built: one line naming the
+    argument, for the candidate's feedback; None where they can. The name, the flags and the include paths are
+    written into the build's ninja file, whose commands a shell runs: each must be plain words, and no flag may
+    make the compiler write or run what it names."""
+    if not str(arguments.get("name")).isidentifier():
+        return f"the extension's name {_shown(arguments.get('name'))} is refused: it must be a Python identifier"
+    for key in (*_FLAG_ARGUMENTS, "extra_include_paths"):
+        values = arguments.get(key) or []
+        if not (isinstance(values, list) and all(isinstance(v, str) for v in values)):
+            return f"{key} {_shown(values)} is refused: it must be a list of strings"
+        refused = _refused_paths(values) if key == "extra_include_paths" else _refused_flags(values)
+        if refused:
+            return f"{key}: {_shown(refused[0])} is refused: {refused[1]}"
+    return None
+
+
+def _refused_paths(paths: list[str]) -> tuple[str, str] | None:
+    for path in paths:
+        if not _PLAIN.fullmatch(path.strip()) or path.strip().startswith("-"):
+            return path, f"an include path must be a plain path ({_PLAIN_WORDS}, not starting with -)"
+    return None
+
+
+def _refused_flags(flags: list[str]) -> tuple[str, str] | None:
+    previous = ""
+    for flag in flags:
+        for word in filter(None, flag.strip().split(" ")):
+            if not _PLAIN.fullmatch(word):
+                return flag, f"a flag must be plain words ({_PLAIN_WORDS}): the build passes it to a shell unquoted"
+            if not word.startswith("-") and previous not in _TAKES_VALUE:
+                return flag, f"{word!r} is not a flag (it must start with -), nor the value of one that takes one"
+            pieces = word.split(",")
+            if any(p.startswith(_WRITES_OR_RUNS) for p in pieces + [p.split("=", 1)[1] for p in pieces if "=" in p]):
+                return flag, "it makes the compiler or linker write a file it names, or run a program; a build " \
+                             "writes only its own folder"
+            previous = word
+    return None
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def light_folder(arguments: dict, build_root: Path) -> Path:
@@ -193,6 +260,10 @@ class BuildCache:
     def request(self, arguments: dict) -> dict:
         """{'library': path, 'name': module name}, {'error': the compiler's message} or {'timeout': True}."""
         digest, arguments = extension_key(arguments, self.arch)
+        refused = refused_argument(arguments)
+        if refused:  # before anything is compiled
+            name = arguments["name"] if str(arguments["name"]).isidentifier() else "extension"
+            return {"error": f"Error building extension '{name}': {refused}"}
         folder = self.root / digest
         library = folder / f"{arguments['name']}.so"
         with self.guard:

@@ -1,6 +1,8 @@
 """The build cache trusts nothing it finds on disk: a library or a precompiled header that is not what the
 build that made it recorded is rebuilt, never loaded (a cache is kept across runs, and a run with
-`--sandbox off`, or anyone else, may have changed it)."""
+`--sandbox off`, or anyone else, may have changed it). Nor does it trust what a candidate asks it to build: a
+flag that is not one plain argument, or that would write elsewhere, is refused before anything is compiled."""
+import itertools
 import re
 from pathlib import Path
 
@@ -8,11 +10,22 @@ import pytest
 
 import build_cache
 import evaluate as ev
+import isolation
+import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = dict(device="cpu", tasks=str(ROOT / "tests" / "tasks"), timing_budget_s=1.0, progress=False)
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
+RELU = """
+torch::Tensor relu(torch::Tensor x) {
+    auto out = torch::empty_like(x);
+    const float* in = x.data_ptr<float>();
+    float* result = out.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) result[i] = in[i] > 0.f ? in[i] : 0.f;
+    return out;
+}
+"""
 
 
 def solution(stem: str, name: str | None = None) -> dict:
@@ -20,6 +33,7 @@ def solution(stem: str, name: str | None = None) -> dict:
     return {**record, "code": re.sub(r'name="\w+"', f'name="{name}"', record["code"], count=1)} if name else record
 
 
+@slow
 def test_a_changed_library_or_precompiled_header_is_rebuilt_not_loaded(tmp_path):
     cfg = ev.EvalConfig(**dict(CPU, build_dir=str(tmp_path)))
     assert [e["status"] for e in ev.evaluate([solution("7_ReLU.correct_loop")], cfg)] == ["correct"]
@@ -43,3 +57,56 @@ def test_a_library_without_a_recorded_digest_is_not_trusted(tmp_path):
     assert build_cache._matches_digest(library)
     library.write_bytes(b"\x7fELF changed since")
     assert not build_cache._matches_digest(library)
+
+
+def relu(name: str, **flags) -> dict:
+    """load_inline's arguments for a ReLU extension, as a candidate's load_inline sends them."""
+    return {"name": name, "cpp_sources": RELU, "functions": ["relu"], "extra_cflags": ["-O3"], **flags}
+
+
+def cache_compiling_in_children(tmp_path: Path) -> build_cache.BuildCache:
+    """A build cache under tmp_path whose compiles run as the evaluator runs them: in compile children, boxed in
+    with every mechanism this kernel has, each writing only what the cache names."""
+    readable = sandbox.readable([str(tmp_path), str(ROOT)], isolation.hidden_from_children())
+    settings = isolation.ChildSettings(env={}, readable=tuple(readable), mechanisms=sandbox.available(), nice=True)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "cache").mkdir()
+    count = itertools.count()
+
+    def compile(payload: dict, writable: list[str], timeout_s: float) -> dict:
+        log = str(tmp_path / "logs" / f"compile-{next(count)}.log")
+        return isolation.run_in_child(build_cache.compile_extension, payload, settings, timeout_s, log, writable)
+
+    return build_cache.BuildCache(tmp_path / "cache", "", 1, compile, 600)
+
+
+def test_flags_that_are_not_one_plain_argument_or_that_write_elsewhere_are_refused():
+    for flags in (["-O3", "--use_fast_math"], ["-gencode", "arch=compute_90,code=sm_90"], ["-Xptxas -v"],
+                  ["-DBLOCK=256", "-std=c++17", "-I/usr/include"], ["-Wl,-rpath,/usr/lib", "-lm"],
+                  ["-Xcompiler=-fopenmp"], [" -O2 "]):
+        assert build_cache.refused_argument({"name": "ext", "extra_cuda_cflags": flags}) is None, flags
+    shell, writes = "the build passes it to a shell unquoted", "write a file it names, or run a program"
+    for flag, why in {"-O3;touch pwned;": shell, "-DX=$(touch pwned)": shell, "-DX=`id`": shell, '-DX="1"': shell,
+                      "-O3\ntouch pwned": shell, "@/tmp/more_options": shell, "/tmp/evil.o": "is not a flag",
+                      "-o/tmp/elsewhere.so": writes, "-MF /tmp/deps": writes, "-Wl,-Map=/tmp/map": writes,
+                      "-Wl,--version-script=/tmp/v": writes, "-fplugin=/tmp/p.so": writes, "-B/tmp": writes,
+                      "-specs=/tmp/s": writes, "--linker-options=-o,/tmp/x": writes, "-save-temps=cwd": writes,
+                      "-Xcompiler=-o,/tmp/x": writes, "-Xcompiler -wrapper,/tmp/run": writes}.items():
+        message = build_cache.refused_argument({"name": "ext", "extra_ldflags": ["-O3", flag]})
+        assert message.startswith(f"extra_ldflags: {flag!r} is refused: ") and why in message, message
+        assert "\n" not in message
+    assert "include path" in build_cache.refused_argument({"name": "ext", "extra_include_paths": ["/tmp/$(id)"]})
+    assert "include path" in build_cache.refused_argument({"name": "ext", "extra_include_paths": ["-o/tmp/x"]})
+    assert "identifier" in build_cache.refused_argument({"name": "ext;touch pwned"})
+    assert "list of strings" in build_cache.refused_argument({"name": "ext", "extra_cflags": "-O3"})
+
+
+def test_a_refused_flag_is_a_build_error_and_nothing_is_built(tmp_path):
+    """The flag's `;` would run `touch pwned` in the compile child, in the extension's folder, where ninja runs."""
+    cache = cache_compiling_in_children(tmp_path)
+    reply = cache.request(relu("relu_refused", extra_cflags=["-O3;touch pwned;"]))
+    assert set(reply) == {"error"} and re.fullmatch(
+        r"Error building extension 'ext_\w+': extra_cflags: '-O3;touch pwned;' is refused: a flag must be plain "
+        r"words \(.*\): the build passes it to a shell unquoted", reply["error"]), reply
+    assert not list(tmp_path.rglob("pwned")) and not list(tmp_path.rglob("build.ninja"))
+    assert not list((tmp_path / "logs").iterdir())  # no compile child was started
