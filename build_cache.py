@@ -10,6 +10,8 @@ evaluator for each extension its load_inline names (`load_from_cache`), the eval
 child that runs no candidate code (`BuildCache`, `compile_extension`), records the library's digest, and
 tells the child which verified library to load. The flags a candidate passes reach the build's shell unquoted:
 each must be one plain argument, or the request is refused before anything is compiled (`refused_argument`).
+The light headers shared by every build with the same flags are written by the evaluator, and their precompiled
+header by a compile child that may write nothing else; each is checked before every build that uses it.
 Nothing here imports torch.utils.cpp_extension at import time: a forked child that has imported it cannot
 use CUDA.
 """
@@ -25,6 +27,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -197,12 +200,17 @@ def load_from_cache(ask) -> None:
 
 def compile_extension(payload: dict) -> dict:
     """A compile child's job: build one extension in its folder without loading it, so that no candidate code
-    (its static initialisers included) runs where the cache is written."""
+    (its static initialisers included) runs where the cache is written; or, for a payload that says
+    `precompile`, the light folder's precompiled header."""
     import torch.utils.cpp_extension as cpp_ext
 
     cpp_ext._import_module_from_library = lambda *args: None  # torch's last step of a build: the import
     try:
-        _fast_load_inline(cpp_ext.load_inline, payload["arguments"], Path(payload["folder"]), Path(payload["light"]))
+        if payload.get("precompile"):
+            _precompile_header(cpp_ext.load_inline, payload["arguments"], Path(payload["light"]))
+        else:
+            _fast_load_inline(cpp_ext.load_inline, payload["arguments"], Path(payload["folder"]),
+                              Path(payload["light"]))
     except Exception as e:  # noqa: BLE001 - the compiler's message goes to the candidate's feedback
         return {"error": str(e)}
     return {"built": True}
@@ -211,8 +219,10 @@ def compile_extension(payload: dict) -> dict:
 class BuildCache:
     """The evaluator's side of the cache. A child's load_inline becomes a `request` here: each extension is
     compiled once by `compile(payload, writable, timeout_s)` (a compile child that may write only the
-    extension's folder and its light-header folder); the library's digest is recorded after the build and
-    checked before any child is told to load it, so a library changed since is rebuilt, never loaded.
+    extension's folder); the library's digest is recorded after the build and checked before any child is
+    told to load it, so a library changed since is rebuilt, never loaded. The light headers and their
+    precompiled header, which every build with the same flags reads, are checked before each build
+    (`_check_light`) and written by no child that builds an extension.
 
     `slots` bounds the build work going on at once: a build child holds one (`slot()`) while it imports its
     candidate and while the extensions it asks for are compiled, and gives it back while it waits for an
@@ -222,8 +232,9 @@ class BuildCache:
     def __init__(self, root: Path, arch: str, slots: int, compile, timeout_s: float):
         self.root, self.arch, self.compile, self.timeout_s = root, arch, compile, timeout_s
         self.slots = threading.Semaphore(max(1, slots))
-        self.locks: dict[str, threading.Lock] = {}
+        self.locks: dict[str, threading.Lock] = {}  # by extension digest, and by light folder
         self.guard = threading.Lock()
+        self.unmade: set[Path] = set()  # light folders whose precompiled header failed to build in this run
         self.holding = threading.local()  # whether this thread's child holds a slot; its compiles' CPU time
 
     @contextlib.contextmanager
@@ -287,13 +298,13 @@ class BuildCache:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         light = light_folder(arguments, self.root)
-        light.mkdir(parents=True, exist_ok=True)
-        pch = light / "torch" / "extension.h.gch"
-        if pch.exists() and not _matches_digest(pch):
-            pch.unlink()  # changed since it was made: made again by this build
+        maker = self._check_light(arguments, light) if takes_light(arguments, light) else None
         outcome = self.compile({"arguments": arguments, "folder": str(folder), "light": str(light)},
-                               [str(folder), str(light)], self.timeout_s)
-        self.holding.cpu_s = getattr(self.holding, "cpu_s", 0.0) + outcome.get("cpu_s", 0.0)
+                               [str(folder)], self.timeout_s)
+        self._count_cpu(outcome)
+        if maker is not None:  # the precompiled header's CPU time is this build's too
+            maker.join()
+            self._count_cpu(maker.outcome)
         if outcome.get("built") and library.exists():
             _record_digest(library)
             return None
@@ -301,6 +312,53 @@ class BuildCache:
             return {"timeout": True}
         return {"error": outcome.get("error") or f"Error building extension: {outcome.get('crash')}\n"
                                                  f"{outcome.get('log', '')}"}
+
+    def _check_light(self, arguments: dict, light: Path) -> threading.Thread | None:
+        """Before a build reads them: the light headers written again where they are not their text, and the
+        precompiled header removed where it is not what was recorded when it was made. A missing one is made
+        alongside the build that finds it missing (which reads the text), as the thread returned
+        (`_precompile`); other builds meanwhile go on without it."""
+        write_light_headers(light)
+        pch = light / "torch" / "extension.h.gch"
+        if pch.exists() and not _matches_digest(pch):
+            pch.unlink(missing_ok=True)  # another build may have found it first
+        with self.guard:
+            lock = self.locks.setdefault(str(light), threading.Lock())
+            if pch.exists() or light in self.unmade or not lock.acquire(blocking=False):
+                return None
+        maker = threading.Thread(target=self._precompile, args=(arguments, light, lock), daemon=True)
+        maker.start()
+        return maker
+
+    def _precompile(self, arguments: dict, light: Path, lock: threading.Lock) -> None:
+        """The precompiled header of `light`, made by a compile child that may write only that folder and gets
+        only the flags that name it, into a partial file: its digest is recorded here, then it is put in place.
+        The child's outcome is left in this thread's `outcome`."""
+        threading.current_thread().outcome = {}
+        try:
+            with open(light / "lock", "w") as held:
+                try:
+                    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return  # another evaluator is making it
+                pch = light / "torch" / "extension.h.gch"
+                if pch.exists():  # made by another evaluator since it was found missing
+                    return
+                partial = pch.with_suffix(".gch.partial")
+                partial.unlink(missing_ok=True)
+                outcome = self.compile({"precompile": True, "arguments": arguments, "light": str(light)},
+                                       [str(light)], self.timeout_s)
+                threading.current_thread().outcome = outcome
+                if outcome.get("built") and partial.exists():
+                    _digest_file(pch).write_text(_sha256(partial))
+                    partial.rename(pch)
+                else:
+                    self.unmade.add(light)  # a header that fails with these flags fails again
+        finally:
+            lock.release()
+
+    def _count_cpu(self, outcome: dict) -> None:
+        self.holding.cpu_s = getattr(self.holding, "cpu_s", 0.0) + outcome.get("cpu_s", 0.0)
 
 
 def _digest_file(path: Path) -> Path:
@@ -324,25 +382,28 @@ def _matches_digest(path: Path) -> bool:
         return False
 
 
+def takes_light(arguments: dict, light: Path) -> bool:
+    """Whether a build first tries the light headers: not for a source that names what they lack in ways that
+    may not fail as a missing name (`_BEYOND_LIGHT`), nor where the folder's path would split on a space."""
+    sources = _sources(arguments, "cpp_sources") + _sources(arguments, "cuda_sources")
+    return not any(_BEYOND_LIGHT.search(s) for s in sources) and not re.search(r"\s", str(light))
+
+
 def _fast_load_inline(original, arguments: dict, folder: Path, light: Path):
     """load_inline past most of torch's headers, which are >95% of a build: its CUDA file and its main.cpp
     are compiled against the light headers (`_LIGHT_TYPES_H`, `_LIGHT_EXTENSION_H`) in `light`, first on
     both compilers' include paths, torch/extension.h included by a CUDA source becoming torch/types.h (the
     Python bindings are compiled in main.cpp). If that fails for a missing name, the source as written is
     built (any other error is the same under both); one that names what the light headers lack in other
-    ways (`_BEYOND_LIGHT`) is built as written from the start. `light` is one folder per set of compiler
-    flags (`light_folder`): the first build precompiles its torch/extension.h there with its own flags, and
-    main.cpp picks that up where it exists (gcc ignores one made under other flags, and reads the text
-    instead). Whether a build took the light headers is recorded in its folder."""
+    ways is built as written from the start (`takes_light`). `light` is one folder per set of compiler flags
+    (`light_folder`), which the evaluator keeps, with torch/extension.h precompiled under those flags: main.cpp
+    picks that up where it exists. Whether a build took the light headers is recorded in its folder."""
     import torch.utils.cpp_extension as cpp_ext
 
     cuda = _sources(arguments, "cuda_sources")
     record = folder / "shortcuts.json"
-    took_light = (not any(_BEYOND_LIGHT.search(s) for s in _sources(arguments, "cpp_sources") + cuda)
-                  and not re.search(r"\s", str(light)))
+    took_light = takes_light(arguments, light)
     record.write_text(json.dumps({"light": took_light}))
-    if took_light:
-        write_light_headers(light)
 
     def build():
         kwargs = dict(arguments)
@@ -352,70 +413,65 @@ def _fast_load_inline(original, arguments: dict, folder: Path, light: Path):
             kwargs["extra_cuda_cflags"] = [f"-I{light}"] + list(arguments.get("extra_cuda_cflags") or [])
         return original(**kwargs)
 
-    pch = light / "torch" / "extension.h.gch"  # where gcc looks for a precompiled torch/extension.h
-    build_done, maker = threading.Event(), None
-    if took_light and not pch.exists():
-        maker = threading.Thread(target=_make_precompiled_header, args=(folder / "build.ninja", pch, build_done))
-        maker.start()
     try:
-        try:
-            return build()
-        except Exception as e:  # noqa: BLE001 - maybe the lighter headers: build the source as written
-            errors = [line for line in str(e).splitlines() if "error" in line]
-            if not took_light or not any(MISSING_NAME.search(line) for line in errors):
-                raise
-            took_light = False
-            record.write_text(json.dumps({"light": False}))
-            # torch renames an extension rebuilt in the same process from other sources (name_v1); forget the
-            # failed attempt, so that the build keeps the name a later load in a fresh process looks for
-            versioner = getattr(cpp_ext, "JIT_EXTENSION_VERSIONER", None)
-            if versioner is not None:
-                versioner.entries.pop(arguments["name"], None)
-            return build()
-    finally:
-        build_done.set()
-        if maker is not None:
-            maker.join()
+        return build()
+    except Exception as e:  # noqa: BLE001 - maybe the lighter headers: build the source as written
+        errors = [line for line in str(e).splitlines() if "error" in line]
+        if not took_light or not any(MISSING_NAME.search(line) for line in errors):
+            raise
+        took_light = False
+        record.write_text(json.dumps({"light": False}))
+        # torch renames an extension rebuilt in the same process from other sources (name_v1); forget the
+        # failed attempt, so that the build keeps the name a later load in a fresh process looks for
+        versioner = getattr(cpp_ext, "JIT_EXTENSION_VERSIONER", None)
+        if versioner is not None:
+            versioner.entries.pop(arguments["name"], None)
+        return build()
 
 
 def write_light_headers(folder: Path) -> None:
-    """The light torch/types.h and torch/extension.h in folder/torch, written once (atomically: other builds
-    may be reading them)."""
+    """The light torch/types.h and torch/extension.h in folder/torch, each written (atomically: builds may be
+    reading it) where it is missing or not its text."""
     for name, text in (("types.h", _LIGHT_TYPES_H), ("extension.h", _LIGHT_EXTENSION_H)):
         target = folder / "torch" / name
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f"{name}.{os.getpid()}")
-            partial.write_text(text)
-            partial.rename(target)
+        with contextlib.suppress(OSError):
+            if target.read_text() == text:
+                continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{name}.{os.getpid()}.{threading.get_ident()}")  # the evaluator's threads
+        partial.write_text(text)
+        partial.rename(target)
 
 
-def _make_precompiled_header(ninja_file: Path, pch: Path, build_done: threading.Event) -> None:
-    """Precompile the light torch/extension.h with the flags ninja uses for this build's main.cpp, as soon as
-    load_inline has written its build.ninja; once: the first process to take the lock does it, the others go
-    on without. The extension's name is left out: gcc refuses a header made under another value of a macro,
+class _NinjaFileWritten(Exception):
+    pass
+
+
+def _precompile_header(original, arguments: dict, light: Path) -> None:
+    """Precompile the light torch/extension.h into light/torch/extension.h.gch.partial (the evaluator records
+    its digest and puts it in place) with the flags ninja gives a build's main.cpp under these arguments:
+    load_inline writes its build file for an empty extension with the flags that name the light folder (the
+    other flags and the sources, which no build but the candidate's own reads, are left out) and stops before
+    compiling. The extension's name is left out too: gcc refuses a header made under another value of a macro,
     and torch's headers never read this one."""
-    while True:
-        done = build_done.is_set()  # read before the file: a build that is done has written all it will
-        ninja = ninja_file.read_text() if ninja_file.exists() else ""
-        flags, compiler = re.search(r"^cflags = (.*)$", ninja, re.M), re.search(r"^cxx = (.*)$", ninja, re.M)
-        if (flags and compiler) or done:
-            break
-        build_done.wait(0.2)
-    if not (flags and compiler):
-        return
-    with open(pch.parent / "lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return
-        if pch.exists():
-            return
-        partial = pch.with_suffix(".gch.partial")
-        own_flags = re.sub(r"-DTORCH_EXTENSION_NAME=\S+", "", flags.group(1))
-        command = shlex.split(compiler.group(1)) + shlex.split(own_flags) + \
-            ["-x", "c++-header", str(pch.with_suffix("")), "-o", str(partial)]
-        if subprocess.run(command, capture_output=True).returncode == 0:
-            _digest_file(pch).write_text(_sha256(partial))  # first: a header without its digest is remade
-            partial.rename(pch)
+    import torch.utils.cpp_extension as cpp_ext
 
+    def stop(*args, **kwargs):
+        raise _NinjaFileWritten
+
+    cpp_ext._run_ninja_build = stop
+    folder = Path(tempfile.mkdtemp())  # in the child's private folder
+    with_cuda = arguments.get("with_cuda")
+    with contextlib.suppress(_NinjaFileWritten):
+        original("light_header", "", extra_cflags=[f"-I{light}", *(arguments.get("extra_cflags") or [])],
+                 extra_include_paths=arguments.get("extra_include_paths"), build_directory=str(folder),
+                 with_cuda=bool(_sources(arguments, "cuda_sources")) if with_cuda is None else with_cuda)
+    ninja = (folder / "build.ninja").read_text()
+    flags, compiler = re.search(r"^cflags = (.*)$", ninja, re.M), re.search(r"^cxx = (.*)$", ninja, re.M)
+    own_flags = re.sub(r"-DTORCH_EXTENSION_NAME=\S+", "", flags.group(1))
+    header = light / "torch" / "extension.h"
+    command = shlex.split(compiler.group(1)) + shlex.split(own_flags) + \
+        ["-x", "c++-header", str(header), "-o", str(header.with_name("extension.h.gch.partial"))]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"precompiling the light torch/extension.h failed:\n{done.stderr[-2000:]}")

@@ -1,7 +1,8 @@
 """The build cache trusts nothing it finds on disk: a library or a precompiled header that is not what the
 build that made it recorded is rebuilt, never loaded (a cache is kept across runs, and a run with
 `--sandbox off`, or anyone else, may have changed it). Nor does it trust what a candidate asks it to build: a
-flag that is not one plain argument, or that would write elsewhere, is refused before anything is compiled."""
+flag that is not one plain argument, or that would write elsewhere, is refused before anything is compiled; and
+no compile child that builds an extension may write what other builds read."""
 import itertools
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = dict(device="cpu", tasks=str(ROOT / "tests" / "tasks"), timing_budget_s=1.0, progress=False)
 
 slow = pytest.mark.slow
+needs_landlock = pytest.mark.skipif(not sandbox.available()["landlock"], reason="the kernel has no Landlock")
 RELU = """
 torch::Tensor relu(torch::Tensor x) {
     auto out = torch::empty_like(x);
@@ -110,3 +112,32 @@ def test_a_refused_flag_is_a_build_error_and_nothing_is_built(tmp_path):
         r"words \(.*\): the build passes it to a shell unquoted", reply["error"]), reply
     assert not list(tmp_path.rglob("pwned")) and not list(tmp_path.rglob("build.ninja"))
     assert not list((tmp_path / "logs").iterdir())  # no compile child was started
+
+
+@slow
+@needs_landlock
+def test_a_build_cannot_write_the_light_headers_that_other_builds_read(tmp_path):
+    """A linker flag the refusal lets through (ld takes --Ma for --Map) aims its map file at the light
+    torch/types.h that every build with these compiler flags includes: the compile child may write only its
+    extension's folder, so the write is denied (a failed build, or a warning, as ld's version has it) and the
+    light folder stays as the evaluator left it."""
+    cache = cache_compiling_in_children(tmp_path)
+    assert "library" in cache.request(relu("relu_first"))
+    [light] = (tmp_path / "cache" / "light").iterdir()
+    before = {p: p.read_bytes() for p in light.rglob("*") if p.is_file()}
+    assert light / "torch" / "extension.h.gch" in before
+    cache.request(relu("relu_attack", extra_ldflags=[f"-Wl,--Ma={light}/torch/types.h"]))
+    assert {p: p.read_bytes() for p in light.rglob("*") if p.is_file()} == before
+
+
+@slow
+def test_a_changed_light_header_or_precompiled_header_is_made_again_before_a_build_reads_it(tmp_path):
+    cache = cache_compiling_in_children(tmp_path)
+    assert "library" in cache.request(relu("relu_first"))
+    [light] = (tmp_path / "cache" / "light").iterdir()
+    types_h, pch = light / "torch" / "types.h", light / "torch" / "extension.h.gch"
+    types_h.write_text('#error "what a compile child left for the next build to include"\n')
+    pch.write_bytes(b"a precompiled header made elsewhere")
+    reply = cache.request(relu("relu_second", cpp_sources=RELU.replace("0.f ? in[i]", "0.f ? 1.f * in[i]")))
+    assert "library" in reply, reply
+    assert types_h.read_text() == build_cache._LIGHT_TYPES_H and build_cache._matches_digest(pch)
