@@ -35,10 +35,10 @@ def sandbox_mechanisms(mode: str) -> dict[str, bool]:
 
 
 def child_settings(kind: str, readable: list[str], mechanisms: dict) -> dict[str, ChildSettings]:
-    """Settings of the run, build and compile children. Where the GPUs' architectures are known, builds see
-    no GPU: nvcc needs none, and torch then builds for those architectures instead of probing a device. Run
-    and build children run candidate code and load its extensions from the cache; compile children run
-    none."""
+    """Settings of the run, judge, build and compile children. Where the GPUs' architectures are known, builds
+    see no GPU: nvcc needs none, and torch then builds for those architectures instead of probing a device. Run
+    and build children run candidate code and load its extensions from the cache; compile children run none,
+    nor does the judge, which is not boxed in: it must stop its runner and read its CPU time from /proc."""
     env = {}
     if kind == "cuda":
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or cuda_arch_list()
@@ -46,8 +46,9 @@ def child_settings(kind: str, readable: list[str], mechanisms: dict) -> dict[str
             env["TORCH_CUDA_ARCH_LIST"] = arch
     build_env = dict(env, CUDA_VISIBLE_DEVICES="") if "TORCH_CUDA_ARCH_LIST" in env else env
     boxed = dict(readable=tuple(readable), mechanisms=mechanisms)
-    return {"run": ChildSettings(env, setup=load_from_cache, **boxed),
-            "build": ChildSettings(build_env, setup=load_from_cache, nice=True, **boxed),
+    return {"run": ChildSettings(env, setup=load_from_cache, runs_candidate=True, **boxed),
+            "judge": ChildSettings(env, limit_files=False),
+            "build": ChildSettings(build_env, setup=load_from_cache, nice=True, runs_candidate=True, **boxed),
             "compile": ChildSettings(build_env, nice=True, **boxed)}
 
 

@@ -34,13 +34,17 @@ import sandbox
 class ChildSettings:
     """What every child of one kind starts with: torch's and CUDA's own environment variables, the folders it
     may read and the sandbox mechanisms it applies (`sandbox.available()`, or none), a `setup(ask)` run
-    before the payload (module-level, pickled by name: the build cache's load_inline), and whether it yields
-    the cores (builds do, to a checking child timing a kernel beside them)."""
+    before the payload (module-level, pickled by name: the build cache's load_inline), whether it yields
+    the cores (builds do, to a checking child timing a kernel beside them), whether it runs candidate code
+    (then it may start no process: nothing of the candidate's outlives the child), and whether no file it
+    writes may pass 1 GiB (all but the judge, whose shared memory holds a task's outputs, whatever their size)."""
     env: dict
     readable: tuple[str, ...] = ()
     mechanisms: dict = field(default_factory=dict)
     setup: object = None
     nice: bool = False
+    runs_candidate: bool = False
+    limit_files: bool = True
 
 
 _CONTEXT = None
@@ -80,7 +84,7 @@ def hidden_from_children() -> list[str]:
 
 
 def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, device: str | None, tmp: str,
-                 writable: list):
+                 writable: list, peer=None):
     """Runs in the child: own process group, output to a log, boxed in; sets up, waits for its one payload,
     runs `job(payload)` and sends the result (a dict) back through `conn`. When the evaluator is gone, however
     it went (kill -9 included), the lifeline's end closes and the kernel sends this process SIGIO, which it
@@ -91,7 +95,8 @@ def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, de
     os.setpgrp()
     if settings.nice:
         os.nice(10)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # a print loop cannot fill the disk
+    if settings.limit_files:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # a print loop cannot fill the disk
     try:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     except FileNotFoundError:  # a spare started as its caller stopped and removed the folder: nothing to do
@@ -104,7 +109,8 @@ def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, de
         os.environ[name] = tmp  # what torch, CUDA and Triton would write elsewhere goes to the private folder
     tempfile.tempdir = None
     try:
-        sandbox.confine([tmp, *writable], list(settings.readable), settings.mechanisms)
+        sandbox.confine([tmp, *writable], list(settings.readable), settings.mechanisms,
+                        forbid_processes=settings.runs_candidate, private_shm=True)
         if settings.setup is not None:
             settings.setup(lambda request: _ask(conn, request))
         if device and device.startswith("cuda"):
@@ -115,7 +121,7 @@ def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, de
     ready_at = time.time()
     payload = conn.recv()
     try:
-        result = failed or job(payload)
+        result = failed or (job(payload) if peer is None else job(payload, peer))
     except BaseException as e:  # noqa: BLE001 - everything a candidate raises is a result, SystemExit too
         result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
@@ -144,20 +150,28 @@ def _warm_up(device: str) -> None:
 
 
 def start_child(job, settings: ChildSettings, log_path: str, device: str | None = None,
-                writable: list[str] = ()) -> tuple:
+                writable: list[str] = (), peer=None) -> tuple:
     """A fresh child for `job`, a module-level function of one payload dict (pickled by name), started
     ahead: it sets itself up while it waits. It may write its private folder (made here, next to its log,
-    removed with it) and `writable`."""
+    removed with it) and `writable`. With `peer`, one end of `peers()`, the job is `job(payload, peer)`: it
+    talks to the child holding the other end directly, not through this process."""
     ctx = _mp_context()
     tmp = tempfile.mkdtemp(prefix="tmp-", dir=os.path.dirname(log_path))
     conn, child_end = ctx.Pipe()
     lifeline, held = ctx.Pipe(duplex=False)  # `held`, never written, closes with this process: the child ends
     child = ctx.Process(target=_child_entry, args=(child_end, lifeline, job, settings, log_path, device, tmp,
-                                                   list(writable)), daemon=True)
+                                                   list(writable), peer), daemon=True)
     child.start()
     child_end.close()
     lifeline.close()
+    if peer is not None:
+        peer.close()  # the child has its own copy: this end must close with the child
     return child, conn, log_path, tmp, held
+
+
+def peers() -> tuple:
+    """Two ends of a socket for two children to talk over (each passed to `start_child` as `peer`)."""
+    return _mp_context().Pipe()
 
 
 def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None) -> dict:

@@ -1,27 +1,38 @@
-"""What the checks stand on inside a run child: its state, the timer, the profiler and the tamper check.
+"""The runner: the process that imports the candidate and runs it, and nothing else of the verdict.
 
-evaluate.py's checks (correctness, the own-kernel share, timing) say what a candidate must do; this is how
-they look: inputs made on the device, memory poisoned with NaN, outputs probed before a synchronize, an
-independent draw of inputs for every timed call, the timer (L2 flushed, CUDA events around the call, the
-host's wall clock around them and a device-wide synchronize; the wall clock alone on the CPU), the kernel log
-(torch's profiler on from before the candidate is imported to the last timed call, so that every call looks
-alike to it; it also times each call's kernels on every stream), the process-wide settings the reference
-runs under, and the identities of everything the checks call, C-level types' methods included, so that a
-candidate that replaces one is caught.
+It is the judge's (judge.py) hands in a process the candidate owns: it takes the judge's inputs from their
+shared memory (tensor_exchange.py), calls ModelNew, and puts the outputs back there; it decides nothing, holds
+no reference output and draws no random number. What it reports of itself (its calls' times, the kernels its
+profiler saw, that an output is not a view of an input) is what a candidate that rewrites this process could
+fake; the judge checks those reports against what it observes from outside (judge.py says how).
+
+What it keeps as a line of defence inside the candidate's process: memory poisoned with NaN before each
+checked call, outputs probed before a synchronize (work left on a side stream), outputs refused that share
+memory with an input, a parameter or an output of an earlier call still held, the timer (L2 flushed, CUDA
+events around the call, the host's wall clock around them and a device-wide synchronize; the wall clock alone
+on the CPU), the kernel log (torch's profiler on from before the candidate is imported to the last call, so
+that every call looks alike to it), and the identities of everything the timer calls (`TamperCheck`).
 """
 from __future__ import annotations
 
 import bisect
 import builtins
+import collections
 import contextlib
+import importlib
 import importlib.util
+import itertools
 import json
+import random
 import re
 import sys
 import threading
 import time
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from tensor_exchange import Arena
 
 
 def import_file(path: str, name: str):
@@ -43,16 +54,14 @@ def identical(a, b) -> bool:
                                  and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
 
 
-def trusted_objects(judge) -> dict:
+def trusted_objects() -> dict:
     """Everything the check and the timing call, by identity: a candidate that replaces one is rejected.
     Every method of torch.Tensor, every builtin, torch's and torch.cuda's functions, torch._C's functions and
     the methods and descriptors of its C-level types (TensorBase, _CudaEventBase, whose elapsed_time
     torch.cuda.Event calls, ...) and of torch.cuda's classes, which native code can replace without touching
-    a Python-level object, this module's own and RunChild's, and those of `judge`, the module whose checks
-    call them."""
+    a Python-level object, and this module's own and the Runner's."""
     owners = {"torch": torch, "torch.cuda": torch.cuda, "torch.Tensor": torch.Tensor, "torch._C": torch._C,
-              "builtins": builtins, "time": time, "run_child": sys.modules[__name__], "run_child.RunChild": RunChild,
-              "evaluate": judge}
+              "builtins": builtins, "time": time, "run_child": sys.modules[__name__], "run_child.Runner": Runner}
     for label, module in (("torch._C", torch._C), ("torch.cuda", torch.cuda)):
         owners.update({f"{label}.{name}": t for name, t in vars(module).items() if isinstance(t, type)})
     return {f"{label}.{name}": value for label, owner in owners.items() for name, value in vars(owner).items()
@@ -63,46 +72,6 @@ def trusted_objects(judge) -> dict:
 # replaced method of it is native code faking the clock. Python-level timers and synchronize replaced are
 # a patched checker like any other trusted object.
 CLOCKS = re.compile(r"^torch\._C\._CudaEventBase\.")
-
-
-class ProcessSettings:
-    """Every process-wide setting that changes how fast, or how exactly, PyTorch runs the reference, noted
-    before the candidate is imported: each zero-argument getter of torch._C (cuDNN, TF32, cuBLAS reduced
-    precision, matmul precision, deterministic modes, SDPA kernels, mkldnn, nnpack, autocast, the
-    torch-function and dispatch mode stacks, ...), torch's thread counts, grad, inference and anomaly modes,
-    the default dtype, and flush-to-zero of denormals (which has no getter: a denormal times one tells)."""
-
-    GETTERS = ("_get_", "_is_", "_len_")
-
-    def __init__(self):
-        self.getters = {}
-        for name, getter in vars(torch._C).items():
-            if name.startswith(self.GETTERS) and callable(getter):
-                try:  # a getter that needs arguments, or a backend this build lacks, is no setting of this run
-                    value = getter()
-                except Exception:  # noqa: BLE001
-                    continue
-                if isinstance(value, (bool, int, float, str)):
-                    self.getters[f"torch._C.{name}"] = getter
-        self.getters.update({
-            "torch.get_num_threads": torch.get_num_threads,
-            "torch.get_num_interop_threads": torch.get_num_interop_threads,
-            "torch.is_grad_enabled": torch.is_grad_enabled,
-            "torch.is_inference_mode_enabled": torch.is_inference_mode_enabled,
-            "torch.is_anomaly_enabled": torch.is_anomaly_enabled, "torch.get_default_dtype": torch.get_default_dtype,
-            "flush-to-zero of denormals": lambda: float(torch.full((1,), 1e-40).mul(1.0)) == 0.0})
-        self.noted = self.now()
-
-    def now(self) -> dict:
-        return {name: getter() for name, getter in self.getters.items()}
-
-    def changed(self) -> str | None:
-        """The first setting that is no longer what it was, in words; None if none is."""
-        now = self.now()
-        for name, value in self.noted.items():
-            if now[name] != value:
-                return f"{name} ({value!r} -> {now[name]!r})"
-        return None
 
 
 # Namespaces of library kernels (ATen, CUB, CUTLASS, ...): a candidate's kernel named like one of those
@@ -222,79 +191,13 @@ def busy_side_stream(device: torch.device, ms: float) -> list:
     return [stream, a, product]
 
 
-class RunChild:
-    """What the checks and the timing share inside one run child: the payload, the device, the task, and
-    the seconds each step took. Its methods are trusted objects too (`trusted_objects`)."""
-
-    def __init__(self, payload: dict):
-        self.payload, self.defend = payload, payload["defences"]
-        self.device = torch.device(payload["device"])
-        self.cuda = self.device.type == "cuda"
-        if self.cuda:
-            torch.cuda.set_device(self.device)
-        self.times: dict[str, float] = {}
-        torch.set_num_threads(payload["cpu_threads"])  # both models run on the same, fixed number of threads
-        self.task = import_file(payload["task"], "reference_task")
-        torch.manual_seed(payload["seed"])
-        self.init_inputs = self.task.get_init_inputs()
-        # Made now, before any candidate: its 256 MB are there for every call alike, checked or timed.
-        self.flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=self.device) if self.cuda else None
-        self.settings: ProcessSettings | None = None  # noted right before the candidate is imported
-        self.kernel_log: KernelLog | None = None
-
-    def rejected(self, rule_and_why: str) -> dict:
-        return {"rejected": rule_and_why, "times": self.times}
-
-    def make_inputs(self, seed: int) -> list:
-        """Made on the device where the task does not say otherwise: a gigabyte of random numbers takes
-        seconds on the host and milliseconds on a GPU."""
-        torch.manual_seed(seed)
-        with self.device:
-            inputs = self.task.get_inputs()
-        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def poison(self) -> None:
-        """Fill free device memory with NaN, so that output memory the candidate never writes is NaN."""
-        if self.cuda and self.defend:
-            free = torch.cuda.mem_get_info(self.device)[0]
-            torch.empty(min(free // 2, self.payload["poison_bytes"]) // 4, device=self.device).fill_(float("nan"))
-
-    def run_candidate(self, model, inputs: list, beside_ms: float = 0.0):
-        """The candidate's output, its (possibly modified) arguments, and whether the output was still
-        being written by work not ordered before the current stream when forward returned; with `beside_ms`,
-        beside about that long of other work on the GPU (`busy_side_stream`)."""
-        self.poison()
-        args = clone(inputs) if self.defend else inputs
-        busy = busy_side_stream(self.device, beside_ms) if self.cuda and beside_ms else None
-        out = model(*args)
-        if not self.defend:
-            self.sync()
-            return out, args, False
-        early = probe(out)
-        self.sync()  # device-wide: work left on a side stream finishes now
-        del busy
-        unsynchronized = any(not identical(a, b) for a, b in zip(early, probe(out)))
-        return out, args, unsynchronized
-
-    def reference_conditions_changed(self) -> str | None:
-        """Why the reference would not run as it does in a clean process, if it would not: a process-wide
-        setting (`ProcessSettings`) changed since the candidate was imported."""
-        if self.settings is None or not (changed := self.settings.changed()):
-            return None
-        return f"[slowed-reference] the candidate changed a process-wide setting the reference runs under: {changed}"
-
-
 class TamperCheck:
     """What the checks rely on, noted before the candidate is imported: the trusted objects, the number of
     threads (Python's and torch's) and the settings. `broken()` says what the candidate changed, if anything."""
 
-    def __init__(self, payload: dict, judge):
-        self.payload, self.defend, self.judge = payload, payload["defences"], judge
-        self.trusted = trusted_objects(judge)
+    def __init__(self, payload: dict):
+        self.payload, self.defend = payload, payload["defences"]
+        self.trusted = trusted_objects()
         self.threads = threading.active_count()
         self.torch_threads = torch.get_num_threads()
         self.settings = json.dumps(payload, sort_keys=True)
@@ -302,7 +205,7 @@ class TamperCheck:
     def broken(self) -> str | None:
         if not self.defend:
             return None
-        now = trusted_objects(self.judge)
+        now = trusted_objects()
         changed = [name for name, obj in self.trusted.items() if now.get(name) is not obj]
         if clocks := [name for name in changed if CLOCKS.search(name)]:
             return f"[clock-mismatch] the candidate replaced the timer's clock: {', '.join(clocks[:3])}"
@@ -315,7 +218,24 @@ class TamperCheck:
         return None
 
 
-def make_timer(run: RunChild):
+
+
+def copy_parameters(source, target) -> int:
+    """Copy source's parameters and buffers into target's where a shape occurs once on each side; how many."""
+    def by_shape(module) -> dict[tuple, list[torch.Tensor]]:
+        groups = collections.defaultdict(list)
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            groups[tuple(tensor.shape)].append(tensor)
+        return groups
+    theirs, ours = by_shape(source), by_shape(target)
+    pairs = [(theirs[shape][0], mine[0]) for shape, mine in ours.items() if len(mine) == 1 and len(theirs[shape]) == 1]
+    with torch.no_grad():
+        for value, tensor in pairs:
+            tensor.copy_(value)
+    return len(pairs)
+
+
+def make_timer(cuda: bool, flush: torch.Tensor | None, kernel_log: KernelLog | None):
     """timed(fn, args, label) -> (CUDA events' ms, the host's wall-clock ms, output): inside the kernel log's
     window named `label`, L2 flushed, then events around the call and the host's clock around the events and a
     device-wide synchronize, so that three clocks see each call; on the CPU the wall clock alone (reported
@@ -323,23 +243,23 @@ def make_timer(run: RunChild):
     is hidden behind it (about 20 µs a call on the H200, `bench/timer_protocols.py`), and the closing event
     waits for no round trip through the host (25 to 65 µs). Work on a side stream the current stream never
     waited for is outside the events; the kernel log counts it (`KernelLog.stop` gives where each call's GPU
-    time began, evaluate.py's `on_every_stream` the span of its kernels from there)."""
+    time began, judge.py's `on_every_stream` the span of its kernels from there)."""
     perf_counter = time.perf_counter
-    if not run.cuda:
+    if not cuda:
         def timed(fn, args: list, label: str) -> tuple[float, float, object]:
             begin = perf_counter()
             out = fn(*args)
             ms = (perf_counter() - begin) * 1e3
             return ms, ms, out
         return timed
-    window = run.kernel_log.window if run.kernel_log else lambda label: contextlib.nullcontext()
+    window = kernel_log.window if kernel_log else lambda label: contextlib.nullcontext()
     Event, synchronize = torch.cuda.Event, torch.cuda.synchronize
 
     def timed(fn, args: list, label: str) -> tuple[float, float, object]:
-        synchronize()  # the inputs and their clones made: nothing from before runs into the window
+        synchronize()  # the inputs made: nothing from before runs into the window
         begin, end = Event(enable_timing=True), Event(enable_timing=True)
         with window(label):
-            run.flush.zero_()  # evict the inputs and last results from L2: the window's first kernel
+            flush.zero_()  # evict the inputs and last results from L2: the window's first kernel
             wall = perf_counter()
             begin.record()
             out = fn(*args)
@@ -348,3 +268,216 @@ def make_timer(run: RunChild):
             wall = perf_counter() - wall
         return begin.elapsed_time(end), wall * 1e3, out
     return timed
+
+
+def steady_heap() -> None:
+    """Keep freed memory in this process's heap, however large the block (glibc's mallopt): an output freed and
+    made again costs no page faults, in the judge's process and the runner's alike, so that CPU time measures
+    the work and not the allocator's traffic with the kernel (half a millisecond a call for 1 MB outputs)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never give the heap's top back
+    libc.mallopt(-3, 2**30)  # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap, not their own mapping
+
+
+def flush_buffer(device: torch.device) -> torch.Tensor | None:
+    """256 MB to write before each timed call, so that no call finds its inputs in L2 (None on the CPU)."""
+    return torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=device) if device.type == "cuda" else None
+
+
+def start_task(payload: dict) -> tuple[torch.device, object, list]:
+    """What the judge and the runner both start from: the device (made current), torch's thread count, a steady
+    heap, the task's module and its init inputs under the task's seed."""
+    device = torch.device(payload["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.set_num_threads(payload["cpu_threads"])
+    steady_heap()
+    task = import_file(payload["task"], "reference_task")
+    torch.manual_seed(payload["seed"])
+    return device, task, task.get_init_inputs()
+
+
+def make_inputs(task, device: torch.device, seed: int) -> list:
+    """The task's inputs for `seed`, made on the device where the task does not say otherwise (a gigabyte of random
+    numbers takes seconds on the host and milliseconds on a GPU); the judge and the runner each make their own
+    alike (the same generators, seeded alike), so that no input crosses between them."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    with device:
+        inputs = task.get_inputs()
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+class Runner:
+    """The candidate's process, driven by the judge: one request, one answer, over their socket (JSON)."""
+
+    def __init__(self, payload: dict, judge):
+        self.payload, self.judge, self.defend = payload, judge, payload["defences"]
+        self.device, self.task, self.init_inputs = start_task(payload)
+        self.cuda = self.device.type == "cuda"
+        importlib.import_module("torch._dynamo")  # what torch imports lazily (and patches) predates the snapshot
+        self.flush = flush_buffer(self.device)  # made now, before any candidate: there for every call alike
+        self.kernel_log = KernelLog() if self.cuda and self.defend else None
+        self.timer = make_timer(self.cuda, self.flush, self.kernel_log)
+        self.arena = self.model = self.tamper = self.pending = None
+        self.earlier: list = []  # (weak reference, span) of each output of the last call
+        self.labels: set[str] = set()
+
+    def serve(self) -> dict:
+        """Answer the judge until it says finish; an exception of the candidate's is an answer too."""
+        handlers = {"arena": self.take_arena, "import": self.import_candidate, "call": self.call,
+                    "prepare": self.prepare, "go": self.go, "collect": self.collect,
+                    "copy_parameters": self.copy_parameters,
+                    "finish": self.finish}
+        with torch.no_grad():
+            while True:
+                message = json.loads(self.judge.recv_bytes())
+                try:
+                    answer = handlers[message["op"]](message)
+                except Exception as e:  # noqa: BLE001 - the candidate's own failure, reported as such
+                    import traceback
+
+                    answer = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
+                              "stage": "init" if message["op"] == "import" else "candidate"}
+                self.judge.send_bytes(json.dumps({**answer, "number": message.get("number")}, default=str).encode())
+                if message["op"] == "finish":
+                    return {}
+
+    def take_arena(self, message: dict) -> dict:
+        self.arena = Arena.receive(self.judge, message)
+        self.null_outputs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self.arena.slots
+                             if s is not None]
+        return {}
+
+    def import_candidate(self, message: dict) -> dict:
+        """The candidate imported and ModelNew built under the task's seed, the tamper check's snapshot first."""
+        self.tamper = TamperCheck(self.payload)
+        candidate = import_file(self.payload["candidate"], "candidate")
+        torch.manual_seed(self.payload["seed"])
+        self.model = candidate.ModelNew(*self.init_inputs).to(self.device).eval()
+        if self.payload["copy_parameters"]:
+            self.copy_parameters({})
+        return {}
+
+    def copy_parameters(self, message: dict) -> dict:
+        """The reference's parameters (built here as the judge builds it) copied into ModelNew: how many."""
+        torch.manual_seed(self.payload["seed"])
+        return {"copied": copy_parameters(self.task.Model(*self.init_inputs).to(self.device), self.model)}
+
+    def poison(self) -> None:
+        """Fill free device memory with NaN, so that output memory the candidate never writes is NaN."""
+        if self.cuda and self.defend:
+            free = torch.cuda.mem_get_info(self.device)[0]
+            torch.empty(min(free // 2, self.payload["poison_bytes"]) // 4, device=self.device).fill_(float("nan"))
+
+    def call(self, message: dict) -> dict:
+        """A checked call on the inputs of `seed`: into poisoned memory, with `beside_ms` of other work on the GPU
+        (a race lands elsewhere), outputs probed before and after a device-wide synchronize and copied to the
+        judge; whether the call changed its inputs."""
+        self.poison()
+        args = make_inputs(self.task, self.device, message["seed"])
+        before = clone(args) if self.defend else []
+        beside = busy_side_stream(self.device, message.get("beside_ms", 0.0)) \
+            if self.cuda and message.get("beside_ms") else None
+        held = self.held_memory(args)
+        out = self.model(*args)
+        early = probe(out) if self.defend else []
+        if self.cuda:
+            torch.cuda.synchronize()
+        del beside
+        answer = self.put_outputs(out, held, copy=True)
+        answer["unsynchronized"] = any(not identical(a, b) for a, b in zip(early, probe(out)))
+        answer["changed_inputs"] = changed(before, args)
+        return answer
+
+    def prepare(self, message: dict) -> dict:
+        """A timed call in three steps, so that the judge reads this process's clocks (its CPU time) while it
+        waits between them: `prepare` makes the inputs of `seed`, `go` makes the call and answers as it returns,
+        `collect` checks its outputs and, with `copy`, hands them over (the judge spot-checks some calls; which,
+        this process learns only after the call). With `null`, the call is of no model at all: what the harness
+        alone costs, asked before the candidate is imported (its outputs made once, ahead: making an output is the
+        model's work, and the reference's)."""
+        null = bool(message.get("null"))
+        args = [] if null else make_inputs(self.task, self.device, message["seed"])
+        self.pending = {"args": args, "label": message["label"], "held": [] if null else self.held_memory(args),
+                        "model": (lambda *a: self.null_outputs) if null else self.model}
+        self.labels.add(message["label"])
+        return {}
+
+    def go(self, message: dict) -> dict:
+        pending = self.pending
+        events, wall, pending["out"] = self.timer(pending["model"], pending["args"], pending["label"])
+        return {"events": events, "wall": wall}
+
+    def collect(self, message: dict) -> dict:
+        pending, self.pending = self.pending, None
+        return self.put_outputs(pending["out"], pending["held"], copy=bool(message.get("copy")))
+
+    def held_memory(self, args: list) -> list[tuple[str, tuple[int, int]]]:
+        """What an output must not share memory with: the inputs, the parameters and buffers, and the outputs of
+        the last call that something still holds."""
+        held = [("an input", _span(a)) for a in args if isinstance(a, torch.Tensor)]
+        if self.model is not None:
+            held += [("a parameter or buffer of ModelNew", _span(t))
+                     for t in (*self.model.parameters(), *self.model.buffers())]
+        held += [("an output of an earlier call that it still holds", span) for ref, span in self.earlier
+                 if not ref.expired()]
+        self.earlier = []
+        return held
+
+    def put_outputs(self, out, held: list, copy: bool) -> dict:
+        """Each output's shape and dtype (what else it is, if not a plain dense tensor on this device), with `copy`
+        copied into the judge's slot where it has the slot's shape and dtype; an output sharing memory with `held`
+        is refused."""
+        outputs = flatten_outputs(out)
+        described = []
+        for i, o in enumerate(outputs):
+            if not isinstance(o, torch.Tensor):
+                described.append({"type": type(o).__name__})
+                continue
+            if type(o) is not torch.Tensor or o.layout != torch.strided:
+                described.append({"not_plain": f"a {type(o).__name__} ({o.layout})"})
+                continue
+            if o.device != self.device:
+                described.append({"not_plain": f"on {o.device}, not {self.device}"})
+                continue
+            if o.numel() and o.untyped_storage().data_ptr() == 0:
+                described.append({"not_plain": "a tensor with no storage"})
+                continue
+            begin, end = _span(o) if o.numel() else (0, 0)
+            where = f"output {i} " if len(outputs) > 1 else "the output "
+            for what, (b, e) in held:
+                if o.numel() and begin < e and b < end:
+                    return {"rejected": f"[output-alias] {where}shares memory with {what}: return a new tensor "
+                                        "that your kernel writes on every call"}
+            if o.numel() and not o.untyped_storage().resizable():
+                return {"rejected": f"[output-alias] {where}wraps memory that torch's allocator did not hand out for "
+                                    "this call (from_blob over a buffer you keep): return a new tensor that your "
+                                    "kernel writes on every call"}
+            if o.numel():
+                self.earlier.append((StorageWeakRef(o.untyped_storage()), (begin, end)))
+            dtype = str(o.dtype).removeprefix("torch.")
+            slot = self.arena.slots[i] if i < len(self.arena.slots) else None
+            if copy and slot is not None and list(slot.shape) == list(o.shape) and slot.dtype == o.dtype:
+                slot.copy_(o)
+            described.append({"shape": list(o.shape), "dtype": dtype})
+        return {"outputs": described}
+
+    def finish(self, message: dict) -> dict:
+        """The kernel log of every call (label -> its kernels, and where its GPU time began) and whether the timer's
+        objects are still the ones it started with."""
+        windows, opened = self.kernel_log.stop(self.labels) if self.kernel_log else ({}, {})
+        return {"windows": windows, "opened": opened, "tamper": self.tamper.broken() if self.tamper else None}
+
+
+def run(payload: dict, judge) -> dict:
+    """The run child's job: serve the judge, whose socket is `judge`; its answer to the evaluator says nothing."""
+    Runner(payload, judge).serve()
+    return {}

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate as ev  # noqa: E402
-from run_child import KernelLog, RunChild, make_timer  # noqa: E402
+from run_child import KernelLog, flush_buffer, import_file, make_timer  # noqa: E402
 
 TASKS = ["level1/7_ReLU", "level1/9_Swish", "level1/17_Softmax", "level1/20_RMSNorm",
          "level1/25_MSELoss_PerSample", "level1/1_Square_Matmul"]
@@ -62,24 +62,26 @@ def main():
     names = ["idle", "queued", "timer", "idle+prof", "timer+prof"]
     print("| task | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
     for task in args.tasks:
-        run = RunChild({"device": "cuda:0", "defences": True, "cpu_threads": 1, "seed": 0, "poison_bytes": 0,
-                        "task": str(ev.resolve_task(task, index))})
-        reference = run.task.Model(*run.init_inputs).cuda().eval()
-        inputs = run.make_inputs(1)
+        module = import_file(str(ev.resolve_task(task, index)), "reference_task")
+        reference = module.Model(*module.get_init_inputs()).cuda().eval()
+        torch.manual_seed(1)
+        with torch.device("cuda"):
+            inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
+        flush = flush_buffer(torch.device("cuda"))
         with torch.no_grad():
             for _ in range(10):  # warm-up
                 reference(*inputs)
-            timer = make_timer(run)
+            timer = make_timer(True, flush, None)
             medians = interleaved(args.trials, {
-                "idle": lambda: events_ms(reference, inputs, run.flush, drained=True),
-                "queued": lambda: events_ms(reference, inputs, run.flush, drained=False),
+                "idle": lambda: events_ms(reference, inputs, flush, drained=True),
+                "queued": lambda: events_ms(reference, inputs, flush, drained=False),
                 "timer": lambda: timer(reference, inputs, "call")[0]})
-            run.kernel_log = KernelLog()
-            timer = make_timer(run)
+            kernel_log = KernelLog()
+            timer = make_timer(True, flush, kernel_log)
             medians |= {f"{name}+prof": ms for name, ms in interleaved(args.trials, {
-                "idle": lambda: events_ms(reference, inputs, run.flush, drained=True),
+                "idle": lambda: events_ms(reference, inputs, flush, drained=True),
                 "timer": lambda: timer(reference, inputs, "call")[0]}).items()}
-            run.kernel_log.stop(set())
+            kernel_log.stop(set())
         rows.append({"task": task, "median_ms": medians})
         print(f"| {task} | {medians['idle']:.4f} | " + " | ".join(
             f"{medians[n]:.4f} ({medians[n] - medians['idle']:+.4f})" for n in names[1:]) + " |")

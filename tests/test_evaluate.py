@@ -173,113 +173,6 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     assert ev._config(ev._parser().parse_args(["in.jsonl"])) == ev.EvalConfig()
 
 
-# ------------------------------------------------------------------------------------- the timing's clocks
-
-def timed_calls(name: str, events_ms: float, wall_ms: float, kernel_ms: float, n: int = 5) -> tuple[dict, dict, dict]:
-    """n timed calls of one model as the run child records them, each with one kernel of `kernel_ms` starting
-    2 µs after its flush ended."""
-    calls = {name: [(f"{name}/{i}", events_ms, wall_ms) for i in range(n)]}
-    windows = {f"{name}/{i}": [("kernel", 1000.0 * i + 2, 1000.0 * i + 2 + kernel_ms * 1e3)] for i in range(n)}
-    return calls, windows, {f"{name}/{i}": 1000.0 * i for i in range(n)}
-
-
-def test_clocks_that_agree_pass_even_when_a_loaded_host_lost_time_around_the_events():
-    assert ev.clock_mismatch(*timed_calls("candidate", 0.30, 0.31, 0.29)) is None
-    assert ev.clock_mismatch(*timed_calls("reference", 0.02, 0.94, 0.003)) is None  # a yield in the synchronize
-
-
-def test_events_shorter_than_the_kernels_inside_them_are_a_faked_clock():
-    why = ev.clock_mismatch(*timed_calls("candidate", 0.025, 0.31, 0.29))
-    assert why.startswith("[clock-mismatch] the candidate's timed calls take 0.025 ms by CUDA events")
-
-
-def test_events_longer_than_the_wall_clock_around_them_are_a_faked_clock():
-    assert ev.clock_mismatch(*timed_calls("reference", 0.06, 0.03, 0.02)).startswith("[clock-mismatch] the reference")
-    assert ev.clock_mismatch(*timed_calls("reference", 0.0315, 0.03, 0.02)) is None  # within the events' resolution
-
-
-def test_a_calls_kernels_on_any_stream_count_from_the_begin_event_or_an_earlier_start():
-    """A call's GPU time is its events unless its kernels say it took longer: a side stream the current stream
-    never waited for, or one that started while the flush ran (before the begin event at the flush's end)."""
-    calls = {"candidate": [("a", 0.30, 0.4), ("b", 0.01, 0.4), ("c", 0.05, 0.4)]}
-    windows = {"a": [("k", 1002, 1290)],                    # inside its events
-               "b": [("k", 2002, 2010), ("side", 2005, 2300)],  # a side stream's kernel ending 0.29 ms on
-               "c": [("early", 2900, 3050)]}                # started 0.1 ms before the flush ended
-    opened = {"a": 1000, "b": 2000, "c": 3000}
-    times = [ms for _, ms, _ in ev.on_every_stream(calls, windows, opened)["candidate"]]
-    assert times == pytest.approx([0.30, 0.30, 0.15])
-    # The early kernel's part after the begin event lies inside the events: not a faked clock.
-    assert ev.clock_mismatch({"candidate": calls["candidate"][2:] * 3}, windows, opened) is None
-
-
-def test_a_wrong_timed_output_is_judged_by_asking_the_candidate_again_outside_the_timer():
-    """A spot-checked timed output that is wrong: the candidate is run again on that input and on the first
-    correctness input, as the correctness trials run it (a real RunChild on the ReLU task; the candidates
-    are plain torch modules). Wrong only while timed, or wrong now where it was right: rejected. Wrong on
-    that input alone (an honest kernel at the edge of the tolerance): incorrect, its difference reported."""
-    run = ev.RunChild({"device": "cpu", "defences": True, "cpu_threads": 1, "seed": 0, "poison_bytes": 0,
-                       "task": str(ROOT / "tests" / "tasks" / "level1" / "7_ReLU.py"),
-                       "tolerance": ev.tolerances(ev.EvalConfig(device="cpu"))})
-    reference = run.task.Model(*run.init_inputs)
-    timed = run.make_inputs(12345)
-
-    class Candidate(torch.nn.Module):
-        def __init__(self, wrong):
-            super().__init__()
-            self.wrong = wrong
-
-        def forward(self, x):
-            return torch.relu(x) + (1.0 if self.wrong(x) else 0.0)
-
-    def judged(wrong):
-        models = {"candidate": Candidate(wrong), "reference": reference}
-        return ev.timed_output_wrong(run, models, timed, reference(*timed), call=7)
-
-    assert "gets right outside the timer" in judged(lambda x: False)["rejected"]
-    assert "first correctness trial wrong too" in judged(lambda x: True)["rejected"]
-    edge = judged(lambda x: torch.equal(x, timed[0]))
-    assert edge["incorrect"].startswith("timed call 7, on inputs the correctness trials did not draw:")
-    assert edge["max_abs_diff"] == pytest.approx(1.0)
-
-
-def correct(**times) -> dict:
-    return {"medians": {"candidate": 0.01, "reference": 0.02}, **times}
-
-
-H200_CLEAN = {"reference_min_ms": 0.02262, "timer_min_ms": 0.008, "reference_kernel_ms": 0.003}
-
-
-def test_a_tiny_reference_on_a_loaded_host_is_not_taken_for_a_slowed_one():
-    """The H200's false alarm: 0.0917 ms beside the candidate, 0.0226 ms alone, while nvcc took every core;
-    the timer's one-element kernel was slowed as much, the kernels not at all."""
-    loaded = correct(reference_min_ms=0.0917, timer_min_ms=0.03, reference_kernel_ms=0.003)
-    assert ev.slowed_reference(loaded, H200_CLEAN, 1.3) is None
-
-
-def test_a_reference_slower_than_the_timer_allows_is_slowed():
-    quiet = correct(reference_min_ms=0.0917, timer_min_ms=0.008, reference_kernel_ms=0.003)
-    assert "0.0917 ms (fastest call) beside the candidate" in ev.slowed_reference(quiet, H200_CLEAN, 1.3)
-
-
-def test_slower_kernels_are_a_slowed_reference_whatever_the_host_did():
-    more_work = correct(reference_min_ms=0.03, timer_min_ms=0.008, reference_kernel_ms=0.012)
-    assert "the reference's kernels took 0.012 ms" in ev.slowed_reference(more_work, H200_CLEAN, 1.3)
-
-
-def test_a_child_claiming_a_slow_timer_excuses_at_most_max_host_load():
-    claims = correct(reference_min_ms=0.2, timer_min_ms=100.0, reference_kernel_ms=0.003)
-    assert ev.slowed_reference(claims, H200_CLEAN, 1.3).startswith("[slowed-reference]")
-    assert 0.2 > H200_CLEAN["reference_min_ms"] * 1.3 * ev.MAX_HOST_LOAD + 5e-3
-
-
-def test_a_child_that_leaves_out_a_time_is_flagged_and_the_cpu_compares_the_fastest_calls():
-    assert ev.slowed_reference(correct(reference_min_ms=0.0917), H200_CLEAN, 1.3).startswith("[slowed-reference]")
-    clean_cpu = {"reference_min_ms": 1.0}
-    assert ev.slowed_reference(correct(reference_min_ms=1.29), clean_cpu, 1.3) is None
-    assert ev.slowed_reference(correct(reference_min_ms=1.32), clean_cpu, 1.3).startswith("[slowed-reference]")
-    assert ev.slowed_reference({"rejected": "[threads] ..."}, clean_cpu, 1.3) is None
-
-
 # ------------------------------------------------------------------------- real builds and runs on the CPU
 
 @pytest.fixture(scope="module")
@@ -392,37 +285,27 @@ def run_cli_on_a_host_held_by(spinning: int, input_path: Path) -> subprocess.Com
 MORE_THAN_CORES = len(os.sched_getaffinity(0)) + 1
 
 
-def test_a_busy_machine_is_flagged_in_the_result_and_in_one_line_on_stderr(tmp_path):
-    """More spinning processes than cores: the checking child gets well under a core while it times."""
-    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("correct_loop")) + "\n")
-    result = run_cli_on_a_host_held_by(MORE_THAN_CORES, tmp_path / "in.jsonl")
-    assert result.returncode == 0, result.stderr
-    e = json.loads(result.stdout)["eval"]
-    assert e["status"] == "correct" and e["busy"] is True and e["timing_cpu_share"] < ev.BUSY
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: the machine was busy")]
-    assert len(warnings) == 1 and "1 of 1 timed candidates" in warnings[0]
-
-
-def test_on_a_loaded_host_honest_kernels_stay_correct_and_a_slowed_reference_is_still_rejected(tmp_path):
-    """The same four candidates on a quiet host (which also builds them), then with more spinning processes
-    than cores through the whole CLI run, the clean reference's timing included: both times the honest kernels
-    are correct and both ways of slowing the reference (a process-wide setting, and aten::relu's CPU kernel
-    replaced, which only the reference's time shows) are rejected."""
+def test_on_a_loaded_host_cpu_speedups_hold_and_the_reference_cannot_be_slowed(tmp_path):
+    """The same four candidates on a quiet host (which also builds them), then with more spinning processes than
+    cores through the whole CLI run. On the CPU both models are timed by the CPU time the kernel counts (the
+    reference's thread in the judge, the runner's threads less the harness's own), which other work on the
+    machine does not inflate: each honest speedup stays within 1.6x either way of its quiet value. The two
+    candidates that slowed a reference sharing their process (a process-wide setting; aten::relu's CPU kernel
+    replaced) cannot reach the judge's: correct, on their own kernels."""
     library = ev.library_records(ROOT / "tests" / "adversarial" / "cpu")
-    names = ["level1/9_Swish.correct_honest-twin", "level1/9_Swish.rejected_slowed-reference",
-             "level1/7_ReLU.rejected_slowed-reference"]
+    names = ["level1/9_Swish.correct_honest-twin", "level1/9_Swish.correct_sets-deterministic-mode",
+             "level1/7_ReLU.correct_registers-aten-relu"]
     records = [cpu_solution("correct_loop")] + [r for name in names for r in library if r["solution"] == name]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    speedups = []
     for spinning in (0, MORE_THAN_CORES):
         result = run_cli_on_a_host_held_by(spinning, tmp_path / "in.jsonl")
         assert result.returncode == 0, result.stderr
         evals = {row["solution"]: row["eval"] for row in map(json.loads, result.stdout.splitlines())}
-        assert len(evals) == 4
-        for name, e in evals.items():
-            want = "rejected" if "rejected_" in name else "correct"
-            assert e["status"] == want, (spinning, name, e["feedback"])
-            assert want == "correct" or "[slowed-reference]" in e["feedback"], e["feedback"]
-        assert "(fastest call) beside the candidate" in evals["level1/7_ReLU.rejected_slowed-reference"]["feedback"]
+        assert len(evals) == 4 and all(e["status"] == "correct" for e in evals.values()), evals
+        speedups.append({name: e["speedup"] for name, e in evals.items()})
+    for name, quiet in speedups[0].items():
+        assert quiet / 1.6 <= speedups[1][name] <= quiet * 1.6, (name, quiet, speedups[1][name])
 
 
 def test_the_cpu_demo_gives_its_hanging_candidate_a_short_run_timeout():
@@ -433,7 +316,8 @@ def test_the_cpu_demo_gives_its_hanging_candidate_a_short_run_timeout():
 
 @pytest.fixture(scope="module")
 def cpu_adversarial_results():
-    records = ev.library_records(ROOT / "tests" / "adversarial" / "cpu")
+    records = with_tasks_from(ev.library_records(ROOT / "tests" / "adversarial" / "cpu"),
+                              ev.load_tasks(ROOT / "tests" / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
     return records, ev.evaluate(records, ev.EvalConfig(**CPU))
 
 
@@ -446,7 +330,7 @@ def test_every_cpu_trick_is_rejected_by_the_rule_its_name_gives(cpu_adversarial_
     for record, e in zip(records, results):
         assert e["status"] == expected_status(record), (record["solution"], e["feedback"])
         if e["status"] == "rejected":
-            assert f"[{record['solution'].split('.rejected_')[1]}]" in e["feedback"], e["feedback"]
+            assert f"[{record['solution'].split('.rejected_')[1].split('.')[0]}]" in e["feedback"], e["feedback"]
             assert not e["correct"] and e["speedup"] is None
     twin = by_name["level1/9_Swish.correct_honest-twin"]["speedup"]
     assert by_name["level1/9_Swish.correct_remembers-near-duplicates"]["speedup"] <= 1.5 * twin
@@ -680,7 +564,7 @@ def test_every_cuda_trick_earns_nothing_and_a_rejection_names_its_rule(cuda_adve
         status = expected_status(record)
         assert e["status"] == status, (record["solution"], e["feedback"])
         if status == "rejected":
-            assert f"[{record['solution'].split('.rejected_')[1]}]" in e["feedback"], e["feedback"]
+            assert f"[{record['solution'].split('.rejected_')[1].split('.')[0]}]" in e["feedback"], e["feedback"]
         if status == "correct" and "honest-twin" not in record["solution"]:
             twin = by_name[record["solution"].split(".")[0] + ".correct_honest-twin"]
             assert e["speedup"] <= 1.5 * twin["speedup"], (record["solution"], e["speedup"], twin["speedup"])

@@ -14,6 +14,8 @@ import torch
 
 import evaluate as ev
 import generate
+import judge
+import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -167,34 +169,41 @@ def test_a_wrong_kernel_is_not_blamed_on_its_weights(cpu_profiles):
     assert e["status"] == "incorrect" and ev.WEIGHTS_DIFFER not in e["feedback"] and "max relative" in e["feedback"]
 
 
+def taken(*outputs) -> list[dict]:
+    """Outputs as the judge takes them from the runner: a tensor's description and its copy, or what came instead."""
+    return [{"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch."), "value": o}
+            if isinstance(o, torch.Tensor) else {"type": type(o).__name__} for o in outputs]
+
+
 def test_kernelbench_tolerances_are_per_dtype_and_the_flags_override_them():
     assert ev.tolerances(ev.EvalConfig()) == {d: [1e-2, 1e-2] for d in ("float32", "float16", "bfloat16", "other")}
     strict = ev.tolerances(ev.EvalConfig(rules="kernelbench"))
     assert strict["float32"] == [1e-4, 1e-4] and strict["bfloat16"] == strict["float16"] == [1e-2, 1e-2]
     assert ev.tolerances(ev.EvalConfig(rules="kernelbench", atol=1e-3))["float32"] == [1e-3, 1e-4]
     ref = torch.full((4,), 100.0)
-    assert ev._compare(ref + 5e-3, ref, strict)[0] is None  # 5e-5 relative: inside 1e-4
-    status, why, abs_diff, rel_diff = ev._compare(ref * 1.001, ref, strict)
+    assert judge._compare(taken(ref + 5e-3), ref, strict)[0] is None  # 5e-5 relative: inside 1e-4
+    status, why, abs_diff, rel_diff = judge._compare(taken(ref * 1.001), ref, strict)
     assert status == "incorrect" and "rtol=0.0001" in why
     assert abs_diff == pytest.approx(0.1, rel=1e-3) and rel_diff == pytest.approx(1e-3, rel=1e-3)
-    assert ev._compare((ref * 1.001).half(), ref.half(), strict)[0] is None  # fp16: 1e-2
+    assert judge._compare(taken((ref * 1.001).half()), ref.half(), strict)[0] is None  # fp16: 1e-2
 
 
 def test_repeats_allow_atomic_jitter_and_catch_a_race_inside_the_tolerance():
     torch.manual_seed(0)
     first = torch.randn(256, 256) * 100
-    assert ev._repeat_disagrees(first, first.clone(), 1e-5) is None
+    assert judge._repeat_disagrees(taken(first), taken(first.clone()), 1e-5) is None
     jitter = first + first.abs().max() * 1e-7 * torch.randn_like(first)  # atomics adding in another order
-    assert ev._repeat_disagrees(first, jitter, 1e-5) is None
+    assert judge._repeat_disagrees(taken(first), taken(jitter), 1e-5) is None
     race = first.clone()
     race.view(-1)[first.abs().argmax()] += 1.0  # a product with a wrong operand: ~1e-3 off, inside atol = rtol = 1e-2
-    assert ev._compare(race, first, ev.tolerances(ev.EvalConfig()))[0] is None
-    assert "differs from the first by up to 1" in ev._repeat_disagrees(first, race, 1e-5)
+    assert judge._compare(taken(race), first, ev.tolerances(ev.EvalConfig()))[0] is None
+    assert "differs from the first by up to 1" in judge._repeat_disagrees(taken(first), taken(race), 1e-5)
     bf16 = first.bfloat16()
-    assert ev._repeat_disagrees(bf16, bf16 * (1 + 2 ** -8), 1e-5) is None  # one bf16 ulp: 4 epsilons allowed
-    assert "values that changed" in ev._repeat_disagrees(torch.arange(4), torch.tensor([0, 1, 2, 4]), 1e-5)
-    assert ev._repeat_disagrees((first, 3), (first.clone(), 3), 1e-5) is None  # a plain number is left to the reference
-    assert "returned 1 outputs instead of 2" in ev._repeat_disagrees((first, first), [first], 1e-5)
+    assert judge._repeat_disagrees(taken(bf16), taken(bf16 * (1 + 2 ** -8)), 1e-5) is None  # 4 epsilons allowed
+    assert "values that changed" in judge._repeat_disagrees(taken(torch.arange(4)), taken(torch.tensor([0, 1, 2, 4])),
+                                                            1e-5)
+    assert judge._repeat_disagrees(taken(first, 3), taken(first.clone(), 3), 1e-5) is None  # left to the reference
+    assert "returned 1 outputs instead of 2" in judge._repeat_disagrees(taken(first, first), taken(first), 1e-5)
 
 
 def test_kernelbench_static_rules_allow_torch_but_not_fallbacks_threads_or_subclassing():
@@ -215,7 +224,7 @@ def test_copy_parameters_copies_only_shapes_that_match_once_on_each_side():
     candidate = torch.nn.Module()
     candidate.w = torch.nn.Parameter(torch.zeros(3, 4))
     candidate.square = torch.nn.Parameter(torch.zeros(3, 3))  # three (3, 3) weights to choose from: ambiguous
-    assert ev.copy_parameters(reference, candidate) == 1
+    assert run_child.copy_parameters(reference, candidate) == 1
     assert torch.equal(candidate.w, reference[0].weight) and not candidate.square.any()
 
 

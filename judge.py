@@ -1,0 +1,615 @@
+"""The judge: the process that decides a candidate's verdict, where no candidate code ever ran.
+
+A candidate is code from a policy optimised to get paid; whatever shares its process, it can reach (a module
+attribute replaced, a C function's method table swapped, the process's own memory rewritten through
+/proc/self/mem). So the verdict is decided here, in a process that never imports candidate code, and the
+candidate's process (the runner, run_child.py) only runs it:
+
+- the judge imports the task, builds the reference, and draws every input's seed from its own unknowable
+  random state, telling the runner a seed only as it asks for the call (each side makes the inputs from it);
+  it keeps the reference's outputs and compares its own copies of the runner's, taken from the memory they
+  share (tensor_exchange.py) as each call returned, its slots cleared before;
+- it times the reference itself, with the runner stopped (SIGSTOP: no thread or signal handler of the
+  candidate's runs meanwhile), and watches each candidate call from outside: the wall clock and the CPU time
+  of the runner's threads (from /proc, as the kernel counts them) from the request to the answer. On the CPU
+  that CPU time, less the harness's own, is the candidate's time; on a GPU the runner's own CUDA events are,
+  accepted only where the judge's wall clock agrees within what the harness alone takes, measured on the same
+  runner before the candidate was imported;
+- each request carries a number drawn here that its answer must echo: bytes the candidate writes on the
+  socket are no answer.
+
+What a candidate can still influence: by rewriting its own process's native code, the GPU times it reports
+(within that allowance), the kernel list its profiler records (the own-kernel share), and work done while
+its inputs are made (outside the call, as a rewritten harness could); the judge decides everything else.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import time
+
+import torch
+
+from run_child import (NEUTRAL_KERNEL, busy_ms, changed, clone, flatten_outputs, flush_buffer, identical,
+                       is_own_kernel, make_inputs, make_timer, span_ms, start_task)
+from tensor_exchange import Arena
+
+# An output whose error is this share of the reference's own magnitude (root mean square) or more is not the
+# answer, whatever the tolerance: zeros pass allclose wherever every reference value is below atol (a softmax
+# over 10^5 columns), and score 1.0 here. Honest fp16 or TF32 arithmetic stays near 1e-3.
+SCALE_SHARE = 0.1
+# Clean calls of the harness alone, before the candidate is imported: what a timed call costs with no model.
+NULL_CALLS = 20
+# How much longer than the harness alone (times, plus) the judge may see a GPU call take beyond its reported time.
+HARNESS_SLACK, HARNESS_SLACK_MS = 2.0, 0.1
+# At most this share of the CPU time of the runner's timed calls may be on other threads than the one that calls
+# forward (plus 2 ms): on the CPU an honest candidate's other threads are idle while it runs.
+MAX_OTHER_THREADS = 0.1
+# At most how many times slower than before the candidate was imported a loaded host may make the judge's own
+# one-element kernel, when it excuses a slower reference (`slowed_reference`).
+MAX_HOST_LOAD = 4.0
+
+
+class RunnerGone(Exception):
+    """The runner closed its socket: it crashed, was killed, or exited; the evaluator has its exit status."""
+
+
+class ForgedAnswer(Exception):
+    """Something other than the runner's answer to the judge's last request came on their socket."""
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def _compare(candidate: list, reference, tolerance: dict[str, list[float]]) -> tuple[str | None, str | None, float,
+                                                                                     float]:
+    """(status, why, max |difference|, max |difference| / |reference|) for one trial's outputs; status None when
+    they match. `candidate` is what `Judge.outputs` made of the runner's answer: tensors copied from the shared
+    slots, or what came instead. The relative difference divides by |reference| floored at atol, so that zeros
+    stay finite. An error of the order of the reference's own magnitude is wrong under any tolerance."""
+    def mismatch(status: str, why: str) -> tuple[str, str, float, float]:
+        return status, why, math.inf, math.inf
+
+    ref = flatten_outputs(reference)
+    if len(candidate) != len(ref):
+        return mismatch("incorrect", f"expected {len(ref)} outputs, got {len(candidate)}")
+    worst = worst_rel = 0.0
+    for i, (c, r) in enumerate(zip(candidate, ref)):
+        where = f"output {i}: " if len(ref) > 1 else ""
+        if not isinstance(r, torch.Tensor):
+            r = torch.as_tensor(r)
+        if "type" in c:
+            return mismatch("incorrect", f"{where}expected a tensor, got {c['type']}")
+        if "not_plain" in c:
+            return mismatch("rejected", f"[not-plain-tensor] {where}the output is {c['not_plain']}, not a plain "
+                                        "dense torch.Tensor on the task's device")
+        if c["shape"] != list(r.shape):
+            return mismatch("incorrect", f"{where}shape mismatch: expected {tuple(r.shape)}, got {tuple(c['shape'])}")
+        if c["dtype"] != str(r.dtype).removeprefix("torch."):
+            return mismatch("incorrect", f"{where}dtype mismatch: expected {r.dtype}, got torch.{c['dtype']}")
+        atol, rtol = tolerance.get(c["dtype"], tolerance["other"])
+        cv, rv = c["value"].to(r.device).double(), r.detach().double()
+        bad = ~torch.isfinite(cv) & torch.isfinite(rv)
+        if bad.any():
+            return mismatch("rejected", f"[nan-output] {where}{int(bad.sum())} NaN/Inf values where the reference "
+                                        "is finite (unwritten output memory reads as NaN here)")
+        finite = torch.isfinite(rv)
+        diff = (cv - rv).abs()[finite]
+        relative = diff / rv.abs()[finite].clamp_min(max(atol, 1e-30))
+        worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
+        worst_rel = max(worst_rel, float(relative.max()) if diff.numel() else 0.0)
+        if not torch.allclose(cv, rv, atol=atol, rtol=rtol, equal_nan=True):
+            n_bad = int((diff > (atol + rtol * rv.abs())[finite]).sum())
+            return "incorrect", (f"{where}{n_bad} of {rv.numel()} values differ beyond atol={atol:g}, rtol={rtol:g} "
+                                 f"(max abs difference {float(diff.max()):.4g}, max relative "
+                                 f"{float(relative.max()):.3g})"), worst, worst_rel
+        scale = float(rv[finite].square().mean().sqrt()) if diff.numel() else 0.0
+        error = float(diff.square().mean().sqrt()) if diff.numel() else 0.0
+        if scale > 0 and error >= SCALE_SHARE * scale:
+            return "incorrect", (f"{where}the error is of the order of the reference's own values (root mean square "
+                                 f"{error:.3g} against {scale:.3g}): within atol={atol:g} only because the values are "
+                                 "smaller than it; zeros would pass that tolerance, so it is not the answer"), \
+                worst, worst_rel
+    return None, None, worst, worst_rel
+
+
+def _repeat_disagrees(first: list, again: list, tolerance: float) -> str | None:
+    """How a repeated run on the same inputs differs from the first (both as `Judge.outputs` made them), if beyond
+    `tolerance` of each output's largest magnitude (at least 4 epsilons of its dtype; integers exactly)."""
+    if len(first) != len(again):
+        return f"returned {len(again)} outputs instead of {len(first)}"
+    for i, (a, b) in enumerate(zip(first, again)):
+        where = f"output {i} " if i else ""
+        if "value" not in a or "value" not in b:
+            if a.keys() != b.keys():
+                return f"{where}changed type"
+            continue  # not a tensor: left to the comparison with the reference
+        a, b = a["value"], b["value"]
+        if (a.shape, a.dtype) != (b.shape, b.dtype):
+            return f"{where}changed shape or dtype"
+        if identical(a, b):
+            continue
+        if not a.is_floating_point():
+            return f"{where}has {int((a != b).sum())} values that changed"
+        bound = max(tolerance, 4 * torch.finfo(a.dtype).eps)
+        a, b = a.double(), b.double()
+        finite = torch.isfinite(a)
+        if not torch.equal(finite, torch.isfinite(b)):
+            return f"{where}has values that turned NaN/Inf or back"
+        scale = float(a[finite].abs().max()) if finite.any() else 0.0
+        worst = float((a - b).abs()[finite].max()) if finite.any() else 0.0
+        if worst > bound * scale:
+            share = worst / scale if scale else math.inf
+            return (f"{where}differs from the first by up to {worst:.4g}, {share:.2g} of its largest magnitude "
+                    f"({scale:.4g}; allowed: {bound:.2g} of it)")
+    return None
+
+
+def own_kernel_share(windows: dict, kernel_names: list[str], needed: float, max_copy_share: float
+                     ) -> tuple[str | None, float | None]:
+    """(the rejection or None, the measured share) over every timed call of the candidate, warm-ups included:
+    its own kernels must do at least `needed` of its GPU time. Copies and fills compute nothing as a rule, but a
+    transpose or a cast is work a copy does: beyond `max_copy_share` of the candidate's GPU time they count as
+    library work."""
+    own = library = copies = 0.0
+    others: dict[str, float] = {}
+    for label, kernels in windows.items():
+        for name, start, end in kernels if label.startswith("candidate/") else ():
+            us = end - start
+            if NEUTRAL_KERNEL.search(name):
+                copies += us
+            elif is_own_kernel(name, kernel_names):
+                own += us
+            else:
+                library += us
+                others[name[:60]] = others.get(name[:60], 0.0) + us
+    excess = max(0.0, copies - max_copy_share * (own + library + copies))
+    if excess:
+        others["copies and fills"] = excess
+    if own + library + excess == 0:
+        return "[own-kernels-idle] no GPU kernel ran during the candidate's forward", None
+    share = own / (own + library + excess)
+    if share < needed:
+        top = sorted(others, key=others.get, reverse=True)[:3]
+        return (f"[own-kernels-idle] your own kernels did {share:.0%} of the GPU work; the rest ran in library "
+                f"kernels ({'; '.join(top)})"), share
+    return None, share
+
+
+def clock_mismatch(rows: list, windows: dict, opened: dict) -> str | None:
+    """Why the runner's clocks disagree on the candidate's timed calls (medians), if they do. In each call the
+    CUDA events lie inside the host's wall clock around them, and the kernels the profiler saw running from the
+    begin event (the flush's end, `opened`) on inside the events: events may exceed the wall clock by 2 µs and
+    fall short of the kernels' running time by 5% + 5 µs (the profiler's timestamps and the events' are read
+    apart). Events are not held to the wall clock from below: a loaded host can lose any time around them."""
+    events, wall = _median([r[1] for r in rows]), _median([r[2] for r in rows])
+    kernels = _median([busy_ms(windows.get(r[0], []), opened.get(r[0], -math.inf)) for r in rows])
+    if events > wall + 0.002 or events < 0.95 * kernels - 0.005:
+        return (f"[clock-mismatch] your timed calls take {events:.4g} ms by CUDA events, {wall:.4g} ms by the "
+                f"host's clock and {kernels:.4g} ms of kernels by the profiler")
+    return None
+
+
+def on_every_stream(rows: list, windows: dict, opened: dict) -> list:
+    """Each timed call's GPU time: its events, or where it is longer the span of its kernels on every stream,
+    from the begin event (the flush's end) or an earlier start to the last end: work on a side stream that the
+    current stream never waited for, or that started while the flush still ran, is the call's too."""
+    return [(label, max(ms, span_ms(windows.get(label, []), opened.get(label, float("inf")))), wall)
+            for label, ms, wall in rows]
+
+
+def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str | None:
+    """Why the runner's reported times are shorter than what the judge saw, if they are: each call's wall
+    clock here (`go` to the answer to `collect`) less the reported time is what the harness took around it; in
+    the least of the calls whose outputs stayed in the runner (as the harness-alone calls' did) it may exceed
+    the least of the clean harness-alone calls by HARNESS_SLACK times plus HARNESS_SLACK_MS. A clock faked to
+    read short leaves the whole difference unexplained."""
+    gaps = [observed[label][0] * 1e3 - ms for label, ms, _ in candidate
+            if label in observed and not observed[label][2]]
+    allowed = HARNESS_SLACK * harness_ms + HARNESS_SLACK_MS
+    if gaps and min(gaps) > allowed:
+        return (f"[clock-mismatch] each of your timed calls took at least {min(gaps):.3g} ms longer, seen from the "
+                f"judge's process, than its reported time, where the harness alone takes {harness_ms:.3g} ms")
+    return None
+
+
+def slowed_reference(calls: dict, clean: dict, max_slowdown: float) -> str | None:
+    """Why the reference's time beside the candidate cannot stand, if it cannot (GPU): its fastest call slower
+    than before the candidate was imported beyond `max_reference_slowdown` (and 5 µs), the allowance scaled
+    by how much slower the judge's own one-element kernel ran meanwhile (a loaded host, up to MAX_HOST_LOAD).
+    The runner was stopped, so only work it left on the GPU could do it."""
+    if not clean or not calls.get("timer"):
+        return None
+    beside = min(ms for _, ms, _ in calls["reference"])
+    load = min(MAX_HOST_LOAD, max(1.0, min(ms for _, ms, _ in calls["timer"]) / max(clean["timer"], 1e-6)))
+    if beside > clean["reference"] * max_slowdown * load + 5e-3:
+        return (f"[slowed-reference] the reference took {beside:.4g} ms (fastest call) beside the candidate and "
+                f"{clean['reference']:.4g} ms before it was imported: the candidate left work on the GPU")
+    return None
+
+
+def threads_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds of each live thread of process `pid`, to the nanosecond (schedstat): exact for a process that
+    is waiting, as a runner between requests is."""
+    seconds = {}
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError), \
+                    open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                seconds[int(tid)] = int(f.read().split()[0]) / 1e9
+    return seconds
+
+
+def other_threads_worked(other_s: float, observed: dict) -> str | None:
+    """Why the runner's calls were not the work of one thread, if they were not (CPU): the CPU time of its threads
+    other than the one that calls forward, as the kernel counts it, over its timed calls, against all of theirs.
+    However the threads were started (OpenMP, _thread, native code), their time shows; CPU time, unlike the
+    wall clock, does not shrink when other work on the machine takes the cores."""
+    total = sum(cpu for _, cpu, _ in observed.values())
+    if other_s > MAX_OTHER_THREADS * total + 0.002:
+        return (f"[threads] {other_s * 1e3:.3g} ms of the {total * 1e3:.3g} ms of CPU time of your timed calls ran on "
+                "threads other than the one that called forward")
+    return None
+
+
+class Judge:
+    """One candidate's verdict, asked of the runner whose socket is `runner` and whose process is `runner_pid`."""
+
+    def __init__(self, payload: dict, runner):
+        self.payload, self.runner, self.defend = payload, runner, payload["defences"]
+        self.device, self.task, init_inputs = start_task(payload)
+        self.cuda = self.device.type == "cuda"
+        torch.manual_seed(payload["seed"])
+        self.reference = self.task.Model(*init_inputs).to(self.device).eval()
+        self.unknowable = random.Random(os.urandom(16))  # every draw of inputs, order and spot check
+        self.flush = flush_buffer(self.device)
+        self.timer = make_timer(self.cuda, self.flush, None)
+        self.times: dict[str, float] = {}
+        self.arena: Arena | None = None
+        self.other_threads_s = 0.0  # CPU time of the runner's threads but its main one, in timed calls
+
+    # ------------------------------------------------------------------------------------------ the runner
+
+    def ask(self, message: dict, then=None) -> dict:
+        """The runner's answer to `message` (`then` run once it is sent), which must echo the request's number,
+        drawn here: bytes the candidate writes on every socket it finds are no answer (`ForgedAnswer`)."""
+        number = self.unknowable.randrange(2**62)
+        try:
+            self.runner.send_bytes(json.dumps({**message, "number": number}).encode())
+            if then:
+                then()
+            return self.answer(number)
+        except (EOFError, OSError) as e:
+            raise RunnerGone from e
+
+    def answer(self, number: int) -> dict:
+        try:
+            answer = json.loads(self.runner.recv_bytes())
+        except ValueError as e:
+            raise ForgedAnswer from e
+        if not isinstance(answer, dict) or answer.get("number") != number:
+            raise ForgedAnswer
+        return answer
+
+    def make_inputs(self, seed: int) -> list:
+        return make_inputs(self.task, self.device, seed)
+
+    def outputs(self, described: list) -> list[dict]:
+        """The runner's outputs as described, each tensor that fits its slot copied out of it now (the judge's own
+        copy, taken as the call returned: a buffer the candidate keeps cannot change it later)."""
+        taken = []
+        for i, d in enumerate(described if isinstance(described, list) else []):
+            d = dict(d) if isinstance(d, dict) else {"type": type(d).__name__}
+            slot = self.arena.slots[i] if i < len(self.arena.slots) else None
+            if "shape" in d and slot is not None and d["shape"] == list(slot.shape) and \
+                    d.get("dtype") == str(slot.dtype).removeprefix("torch."):
+                d["value"] = slot.clone()
+            elif "shape" in d and "dtype" not in d:
+                d = {"type": "a malformed description"}
+            taken.append(d)
+        return taken
+
+    @contextlib.contextmanager
+    def runner_stopped(self):
+        """The runner's whole process group stopped (SIGSTOP cannot be caught): nothing of the candidate's runs on
+        a core while the reference is timed, no thread, no signal handler."""
+        if not self.defend:
+            yield
+            return
+        os.killpg(self.payload["runner_pid"], signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.killpg(self.payload["runner_pid"], signal.SIGCONT)
+
+    def failed(self, answer: dict) -> dict | None:
+        """The verdict an answer carries by itself: the candidate raised, or the runner refused an output."""
+        if "error" in answer:
+            return {"stage": answer.get("stage", "candidate"), "error": str(answer["error"]),
+                    "traceback": str(answer.get("traceback", ""))}
+        if "rejected" in answer:
+            return self.rejected(str(answer["rejected"]))
+        return None
+
+    def rejected(self, rule_and_why: str) -> dict:
+        return {"rejected": rule_and_why, "times": self.times}
+
+    # ------------------------------------------------------------------------------------------ the verdict
+
+    def verdict(self) -> dict:
+        """Clean measurements first (the harness alone, the reference alone), then the candidate imported,
+        checked on fresh inputs and timed beside the reference."""
+        start = time.perf_counter()
+        seed = self.unknowable.randrange(2**31)
+        inputs = self.make_inputs(seed)
+        expected = self.reference(*clone(inputs))
+        self.arena = Arena.create(flatten_outputs(expected))
+        if failed := self.failed(self.ask({"op": "arena", "slots": self.arena.layout},
+                                          then=lambda: self.arena.send(self.runner))):
+            return failed
+        harness = self.harness_alone(inputs)
+        clean = self.clean_reference(inputs)
+        if failed := self.failed(self.ask({"op": "import"})):
+            return failed
+        self.times["load"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        failed, worst, worst_rel = self.check_correctness()
+        if failed:
+            return failed
+        self.times["correctness"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        failed, calls, observed = self.time_models(harness["cpu"])
+        if failed:
+            return failed
+        self.times["timing"] = time.perf_counter() - start
+        start = time.perf_counter()
+        report = self.ask({"op": "finish"})
+        self.times["profile"] = time.perf_counter() - start
+        windows, opened = report.get("windows") or {}, report.get("opened") or {}
+        if self.defend and report.get("tamper"):
+            return self.rejected(str(report["tamper"]))
+        share = None
+        candidate = calls["candidate"]
+        if self.defend and self.cuda:
+            if mismatch := clock_mismatch(candidate, windows, opened):
+                return self.rejected(mismatch)
+            if self.payload["min_own_kernel_share"] > 0:
+                why, share = own_kernel_share(windows, self.payload["kernel_names"],
+                                              self.payload["min_own_kernel_share"], self.payload["max_copy_share"])
+                if why:
+                    return self.rejected(why)
+        candidate = on_every_stream(candidate, windows, opened)
+        if self.cuda and self.defend and (why := unobserved_time(candidate, observed, harness["wall"])
+                            or slowed_reference(calls, clean, self.payload["max_reference_slowdown"])):
+            return self.rejected(why)
+        medians = {name: _median([ms for _, ms, _ in rows]) for name, rows in {**calls, "candidate": candidate}.items()
+                   if name != "timer"}
+        return {"medians": medians, "trials": len(candidate), "max_abs_diff": worst, "max_rel_diff": worst_rel,
+                "times": self.times, "own_kernel_share": share}
+
+    def clean_reference(self, inputs: list) -> dict:
+        """The reference's fastest call, and on a GPU the fastest of the judge's own one-element kernel, before the
+        candidate exists: what `slowed_reference` compares with (on the CPU the runner is stopped while the
+        reference runs, so nothing of the candidate's can slow it there)."""
+        if not (self.cuda and self.defend):
+            return {}
+        runs = {"reference": [], "timer": []}
+        for _ in range(self.payload["warmup"] + 10):
+            runs["reference"].append(self.timer(self.reference, clone(inputs), "clean")[0])
+            runs["timer"].append(self.timer(lambda *_: self.one_element(), [], "clean")[0])
+        return {name: min(ms[self.payload["warmup"]:]) for name, ms in runs.items()}
+
+    def one_element(self) -> torch.Tensor:
+        """The least a model can do on the GPU: one kernel on one element (the latency a loaded host adds)."""
+        return self.flush[:1].zero_()
+
+    def harness_alone(self, inputs: list) -> dict[str, float]:
+        """What a timed call of the runner costs with no model at all, as the judge sees it: the least wall time
+        beyond the runner's report, and the median CPU time of the runner's threads, from `go` to its answer.
+        Measured before the candidate is imported, so that the candidate has no part in it, and as the timing
+        will call: each call after the reference has run with the runner stopped."""
+        walls, cpus = [], []
+        for i in range(NULL_CALLS if self.defend else 0):
+            with self.runner_stopped():
+                self.timer(self.reference, clone(inputs), "clean")
+            wall_s, cpu_s, answer = self.timed_call({"label": f"null/{i}", "null": True}, copy=False)
+            if failed := self.failed(answer):
+                raise RunnerGone(str(failed))
+            walls.append(wall_s * 1e3 - float(answer.get("events", math.nan)))
+            cpus.append(cpu_s * 1e3)
+        return {"wall": min(walls, default=0.0), "cpu": _median(cpus) if cpus else 0.0}
+
+    def timed_call(self, prepare: dict, copy: bool) -> tuple[float, float, dict]:
+        """(wall seconds from `go` to the answer to `collect`, CPU seconds of the runner's threads meanwhile, the
+        answers, with `copy` the outputs' values in the slots): the runner waits on its socket before and after, so
+        that both are exact, and work it put off until `collect` is inside them too."""
+        pid = self.payload["runner_pid"]
+        if failed := self.failed(self.ask({"op": "prepare", **prepare})):
+            return 0.0, 0.0, failed
+        if copy:
+            self.clear_slots()
+        cpu, began = threads_cpu_s(pid), time.perf_counter()
+        answer = self.ask({"op": "go"})
+        if not self.failed(answer):
+            answer = {**answer, **self.ask({"op": "collect", "copy": copy})}
+        wall_s, after = time.perf_counter() - began, threads_cpu_s(pid)
+        spent = {tid: s - cpu.get(tid, 0.0) for tid, s in after.items()}
+        self.other_threads_s += sum(s for tid, s in spent.items() if tid != pid)
+        return wall_s, sum(spent.values()), answer
+
+    def clear_slots(self) -> None:
+        """Every byte of the output slots set to 0xFF (NaN in any float dtype) before a call whose outputs are
+        read: what the runner does not write this call cannot pass for its answer."""
+        for slot in self.arena.slots:
+            if slot is not None and slot.numel():
+                slot.view(-1).view(torch.uint8).fill_(0xFF)
+
+    # ------------------------------------------------------------------------------------------ correctness
+
+    def call(self, seed: int, **options) -> tuple[dict | None, list[dict], bool]:
+        """(the failure or None, the outputs, whether the call changed its inputs) of one checked call of the
+        candidate on the inputs of `seed`."""
+        self.clear_slots()
+        answer = self.ask({"op": "call", "seed": seed, **options})
+        if failed := self.failed(answer):
+            return failed, [], False
+        if answer.get("unsynchronized"):
+            why = ("[unsynchronized-stream] the output was still being written when forward returned: synchronise "
+                   "side streams with the current stream before returning")
+            return self.rejected(why), [], False
+        return None, self.outputs(answer.get("outputs")), bool(answer.get("changed_inputs"))
+
+    def check_correctness(self) -> tuple[dict | None, float, float]:
+        """(the failed result or None, the largest absolute and relative differences seen) over `correct_trials`
+        draws of inputs no one knows in advance: the candidate into poisoned memory, the reference here on its own
+        copy; on the first draw `repeat_runs` more times, the last beside a busy kernel, each agreeing with the
+        first run far tighter than with the reference (a race inside the tolerance still lands differently)."""
+        payload, worst, worst_rel = self.payload, 0.0, 0.0
+        self.trial_seeds = []
+        for trial in range(payload["correct_trials"]):
+            self.trial_seeds.append(seed := self.unknowable.randrange(2**31))
+            began = time.perf_counter()
+            failed, out, changed_inputs = self.call(seed)
+            first_ms = (time.perf_counter() - began) * 1e3
+            if failed:
+                return failed, worst, worst_rel
+            inputs = self.make_inputs(seed)
+            ref_args = clone(inputs)
+            expected = self.reference(*ref_args)
+            repeats = payload["repeat_runs"] if trial == 0 and self.defend else 0
+            for repeat in range(1, repeats + 1):
+                failed, again, _ = self.call(seed, beside_ms=first_ms if repeat == repeats else 0.0)
+                if failed:
+                    return failed, worst, worst_rel
+                if why := _repeat_disagrees(out, again, payload["repeat_tolerance"]):
+                    return self.rejected(f"[nondeterministic] run {repeat + 1} on the same inputs {why}: a race (a "
+                                         "missing __syncthreads()?) or memory read before it is written"), \
+                        worst, worst_rel
+            status, why, diff, rel = _compare(out, expected, payload["tolerance"])
+            worst, worst_rel = max(worst, diff), max(worst_rel, rel)
+            if status == "rejected":
+                return self.rejected(why), worst, worst_rel
+            if status:
+                failed = {"incorrect": f"trial {trial + 1} of {payload['correct_trials']}: {why}",
+                          "max_abs_diff": diff, "max_rel_diff": rel, "times": self.times}
+                if not payload["copy_parameters"]:
+                    failed["weights_differ"] = self.passes_with_reference_parameters(seed, expected)
+                return failed, worst, worst_rel
+            if self.defend and changed_inputs and not changed(inputs, ref_args):
+                return self.rejected("[modifies-inputs] the candidate changed its input tensors in place"), \
+                    worst, worst_rel
+        return None, worst, worst_rel
+
+    def passes(self, seed: int, expected) -> bool:
+        """Whether the candidate, run as the correctness trials run it, matches `expected` on the inputs of `seed`."""
+        failed, out, _ = self.call(seed)
+        return not failed and _compare(out, expected, self.payload["tolerance"])[0] is None
+
+    def passes_with_reference_parameters(self, seed: int, expected) -> bool:
+        """Whether the failing trial passes once the reference's parameters are copied into the candidate: then
+        its kernel is right and its weights are not (made with other init calls, or in another order)."""
+        answer = self.ask({"op": "copy_parameters"})
+        return bool(answer.get("copied")) and self.passes(seed, expected)
+
+    # ------------------------------------------------------------------------------------------ timing
+
+    def time_models(self, harness_cpu_ms: float) -> tuple[dict | None, dict, dict]:
+        """(the rejection or None, each model's timed calls as (label, ms, wall ms), the judge's observation of each
+        candidate call by label as (wall seconds, CPU seconds of the runner's threads, spot-checked)): warm-up,
+        then the models in a random order each trial on an independent draw of inputs (its seed told to the
+        runner only as the call is prepared), so that clock drift hits them alike; random timed outputs are
+        compared with the reference's on the same inputs. The reference runs here with the runner stopped. On a GPU a
+        candidate's call takes the time the runner reports (its events, checked against what is seen from here
+        in `unobserved_time`); on the CPU it takes the CPU time the kernel counted for the runner's threads, less
+        the harness's own (`harness_cpu_ms`), and the reference the CPU time of this thread: nothing the
+        candidate's process says of itself, and what other work on the machine takes from the wall clock does
+        not count."""
+        payload = self.payload
+        models = {"candidate": None, "reference": self.reference}
+        if payload["compile_baseline"]:
+            compiled = torch.compile(self.reference)
+            compiled(*self.make_inputs(payload["seed"]))
+            models["compiled"] = compiled
+        if self.cuda and self.defend:
+            models["timer"] = lambda *_: self.one_element()
+        calls = {name: [] for name in models}
+        observed = {}
+        draws, deadline = self.unknowable.randrange(2**31), None
+        self.other_threads_s = 0.0
+        for trial in range(-payload["warmup"], payload["timing_trials"]):
+            if trial == 0:
+                deadline = time.perf_counter() + payload["timing_budget_s"]
+            if self.defend or trial == -payload["warmup"]:
+                seed = draws + trial
+                inputs = self.make_inputs(seed)
+            checked = self.defend and (trial in (0, payload["timing_trials"] - 1) or self.unknowable.random() < 0.25)
+            outputs = {}
+            for name in self.unknowable.sample(list(models), len(models)) if self.defend else list(models):
+                label = f"{name}/{trial}"
+                if name == "candidate":
+                    wall_s, cpu_s, answer = self.timed_call({"label": label, "seed": seed}, copy=checked)
+                    if failed := self.failed(answer):
+                        return failed, calls, observed
+                    observed[label] = (wall_s, cpu_s, checked)
+                    events, wall = float(answer.get("events", math.nan)), float(answer.get("wall", math.nan))
+                    if not self.cuda:  # a spot-checked call's copy is in its CPU time: its time is left out
+                        events = math.nan if checked else max(0.0, cpu_s * 1e3 - harness_cpu_ms)
+                    if checked:
+                        outputs[name] = self.outputs(answer.get("outputs"))
+                else:
+                    args = clone(inputs) if self.defend else inputs
+                    with self.runner_stopped():
+                        cpu = time.thread_time()
+                        events, wall, outputs[name] = self.timer(models[name], args, label)
+                        cpu = time.thread_time() - cpu
+                    if not self.cuda:
+                        events = cpu * 1e3
+                if trial >= 0 and not math.isnan(events):
+                    calls[name].append((label, events, wall))
+            if checked and _compare(outputs["candidate"], outputs["reference"], payload["tolerance"])[0]:
+                return self.timed_output_wrong(seed, outputs["reference"], trial + payload["warmup"] + 1), \
+                    calls, observed
+            if trial + 1 >= 10 and time.perf_counter() > deadline:
+                break
+        if self.defend and not self.cuda and (why := other_threads_worked(self.other_threads_s, observed)):
+            return self.rejected(why), calls, observed
+        return None, calls, observed
+
+    def timed_output_wrong(self, seed: int, expected, call: int) -> dict:
+        """What a wrong timed output says, asked of the candidate again outside the timer, as the correctness
+        trials ask it: right now on that input, it was wrong only while timed; wrong now on the first correctness
+        input, which it got right before, it changed; wrong on that input alone, it is merely wrong there (an
+        honest kernel at the edge of the tolerance, on an input the trials did not draw): `incorrect`. `call`
+        counts the timed calls from the first warm-up, 1-based."""
+        rule = f"[changed-during-timing] timed call {call} returned a wrong result "
+        failed, again, _ = self.call(seed)
+        if failed:
+            return failed
+        status, why, diff, rel = _compare(again, expected, self.payload["tolerance"])
+        if status is None:
+            return self.rejected(rule + "that it gets right outside the timer")
+        first = self.make_inputs(self.trial_seeds[0])
+        if not self.passes(self.trial_seeds[0], self.reference(*clone(first))):
+            return self.rejected(rule + "and now gets the first correctness trial wrong too")
+        if status == "rejected":
+            return self.rejected(why)
+        return {"incorrect": f"timed call {call}, on inputs the correctness trials did not draw: {why}",
+                "max_abs_diff": diff, "max_rel_diff": rel, "times": self.times}
+
+
+def judge(payload: dict, runner) -> dict:
+    """The judge child's job: the verdict, or that the runner is gone (its exit status then says why)."""
+    try:
+        return Judge(payload, runner).verdict()
+    except RunnerGone:
+        return {"runner_gone": True}
+    except ForgedAnswer:
+        return {"rejected": "[forged-answer] the judge's socket carried bytes that were not the answer to its request "
+                            "(written there by the candidate's code)", "times": {}}

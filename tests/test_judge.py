@@ -1,0 +1,151 @@
+"""The judge's own arithmetic (judge.py): the comparison with its scale-aware check, the clocks it reads, the
+time it observes from outside the candidate's process, and the shared memory the runner answers through.
+
+The numbers are made by hand; the processes these checks run in are exercised through the real command line
+in tests/test_evaluate.py (the adversarial candidates) and tests/test_judging.py."""
+import json
+import multiprocessing as mp
+import hashlib
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+import judge as jg
+from tensor_exchange import Arena
+
+TOLERANCE = {"float32": [1e-2, 1e-2], "other": [1e-2, 1e-2]}
+
+
+def taken(*tensors) -> list[dict]:
+    """Outputs as the judge takes them from the runner: each tensor's description and its copy."""
+    return [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "value": t} for t in tensors]
+
+
+def test_zeros_under_a_tolerance_larger_than_every_value_are_incorrect():
+    """A softmax over 65,536 columns: every value ~1.5e-5, far below atol = 1e-2, so allclose passes zeros."""
+    reference = torch.softmax(torch.rand(4, 65536), dim=1)
+    assert torch.allclose(torch.zeros_like(reference), reference, atol=1e-2, rtol=1e-2)
+    status, why, _, _ = jg._compare(taken(torch.zeros_like(reference)), reference, TOLERANCE)
+    assert status == "incorrect" and "of the order of the reference's own values" in why
+    assert jg._compare(taken(reference * (1 + 1e-3)), reference, TOLERANCE)[0] is None  # a real softmax passes
+    assert jg._compare(taken(torch.zeros(3)), torch.zeros(3), TOLERANCE)[0] is None  # zeros are right for zeros
+
+
+def test_shape_dtype_and_what_is_not_a_tensor_are_told_apart():
+    reference = torch.ones(2, 3)
+    assert "shape mismatch" in jg._compare(taken(torch.ones(3, 2)), reference, TOLERANCE)[1]
+    assert "dtype mismatch" in jg._compare(taken(torch.ones(2, 3, dtype=torch.float64)), reference, TOLERANCE)[1]
+    assert jg._compare([{"type": "int"}], reference, TOLERANCE)[1] == "expected a tensor, got int"
+    status, why, _, _ = jg._compare([{"not_plain": "a Deferred (torch.strided)"}], reference, TOLERANCE)
+    assert status == "rejected" and why.startswith("[not-plain-tensor]")
+    nan = torch.ones(2, 3)
+    nan[0, 0] = float("nan")
+    assert jg._compare(taken(nan), reference, TOLERANCE)[1].startswith("[nan-output] 1 NaN/Inf")
+
+
+def test_repeats_compare_the_copies_taken_as_each_call_returned():
+    """A buffer the candidate keeps and rewrites would compare equal to itself; the judge's copies do not."""
+    first = torch.linspace(-1, 1, 1000)
+    assert jg._repeat_disagrees(taken(first), taken(first.clone()), 1e-5) is None
+    drifted = first.clone()
+    drifted[17] += 1e-3
+    assert "differs from the first by up to 0.001" in jg._repeat_disagrees(taken(first), taken(drifted), 1e-5)
+
+
+def timed_calls(events_ms: float, wall_ms: float, kernel_ms: float, n: int = 5) -> tuple[list, dict, dict]:
+    """n timed calls as the runner reports them, each with one kernel of `kernel_ms` starting 2 µs after its
+    flush ended."""
+    rows = [(f"candidate/{i}", events_ms, wall_ms) for i in range(n)]
+    windows = {f"candidate/{i}": [("kernel", 1000.0 * i + 2, 1000.0 * i + 2 + kernel_ms * 1e3)] for i in range(n)}
+    return rows, windows, {f"candidate/{i}": 1000.0 * i for i in range(n)}
+
+
+def test_clocks_that_agree_pass_even_when_a_loaded_host_lost_time_around_the_events():
+    assert jg.clock_mismatch(*timed_calls(0.30, 0.31, 0.29)) is None
+    assert jg.clock_mismatch(*timed_calls(0.02, 0.94, 0.003)) is None  # a yield in the synchronize
+
+
+def test_events_shorter_than_the_kernels_inside_them_or_longer_than_the_wall_clock_are_faked():
+    assert jg.clock_mismatch(*timed_calls(0.025, 0.31, 0.29)).startswith(
+        "[clock-mismatch] your timed calls take 0.025 ms by CUDA events")
+    assert jg.clock_mismatch(*timed_calls(0.06, 0.03, 0.02)).startswith("[clock-mismatch]")
+    assert jg.clock_mismatch(*timed_calls(0.0315, 0.03, 0.02)) is None  # within the events' resolution
+
+
+def test_a_calls_kernels_on_any_stream_count_from_the_begin_event_or_an_earlier_start():
+    """A call's GPU time is its events unless its kernels say it took longer: a side stream the current stream
+    never waited for, or one that started while the flush ran (before the begin event at the flush's end)."""
+    rows = [("a", 0.30, 0.4), ("b", 0.01, 0.4), ("c", 0.05, 0.4)]
+    windows = {"a": [("k", 1002, 1290)],                    # inside its events
+               "b": [("k", 2002, 2010), ("side", 2005, 2300)],  # a side stream's kernel ending 0.29 ms on
+               "c": [("early", 2900, 3050)]}                # started 0.1 ms before the flush ended
+    opened = {"a": 1000, "b": 2000, "c": 3000}
+    assert [ms for _, ms, _ in jg.on_every_stream(rows, windows, opened)] == pytest.approx([0.30, 0.30, 0.15])
+    assert jg.clock_mismatch(rows[2:] * 3, windows, opened) is None  # the early kernel's part inside the events
+
+
+def test_a_reported_time_shorter_than_the_judge_saw_beyond_the_harness_is_a_faked_clock():
+    """The judge sees each call from request to answer; the harness alone (no model, before the candidate was
+    imported) took 0.05 ms beyond its report. An honest call leaves about that much; a clock that reads 20x short
+    leaves most of the call unexplained."""
+    honest = [(f"candidate/{i}", 0.40, 0.41) for i in range(5)]
+    seen = {label: (0.40e-3 + 0.06e-3, 0.0, False) for label, _, _ in honest}
+    assert jg.unobserved_time(honest, seen, harness_ms=0.05) is None
+    faked = [(label, 0.02, 0.02) for label, _, _ in honest]
+    assert jg.unobserved_time(faked, seen, harness_ms=0.05).startswith("[clock-mismatch] each of your timed calls")
+    assert jg.unobserved_time(faked, {**seen, "candidate/4": (0.05e-3, 0.0, False)}, 0.05) is None  # its least
+    checked = {**seen, "candidate/4": (0.05e-3, 0.0, True)}  # a spot-checked call's copy is no harness time
+    assert jg.unobserved_time(faked, checked, 0.05).startswith("[clock-mismatch]")
+
+
+def test_a_slower_reference_stands_only_within_what_the_judges_own_kernel_says_of_the_load():
+    clean = {"reference": 0.0226, "timer": 0.008}
+    loaded = {"reference": [("r", 0.0917, 0.1)], "timer": [("t", 0.03, 0.03)]}
+    assert jg.slowed_reference(loaded, clean, 1.3) is None  # the host slowed the judge's own kernel as much
+    quiet = {"reference": [("r", 0.0917, 0.1)], "timer": [("t", 0.008, 0.01)]}
+    assert jg.slowed_reference(quiet, clean, 1.3).startswith("[slowed-reference] the reference took 0.0917 ms")
+    capped = {"reference": [("r", 0.2, 0.2)], "timer": [("t", 100.0, 100.0)]}
+    assert jg.slowed_reference(capped, clean, 1.3).startswith("[slowed-reference]")  # load excuses 4x at most
+    assert jg.slowed_reference(quiet, {}, 1.3) is None  # the CPU: the runner is stopped, nothing to compare
+
+
+def test_each_threads_cpu_time_is_read_as_the_kernel_counts_it():
+    """A thread of this process hashing (the GIL let go) while the main thread waits: its CPU time shows under its
+    own id, whoever started it, and the main thread's barely moves."""
+    data, done = bytes(64 << 20), threading.Event()
+
+    def hash_until_done():
+        while not done.is_set():
+            hashlib.sha256(data).digest()
+
+    worker = threading.Thread(target=hash_until_done)
+    before = jg.threads_cpu_s(os.getpid())
+    worker.start()
+    time.sleep(0.5)
+    after = jg.threads_cpu_s(os.getpid())
+    done.set()
+    worker.join()
+    spent = {tid: s - before.get(tid, 0.0) for tid, s in after.items()}
+    assert spent[worker.native_id] > 0.2 and spent[os.getpid()] < 0.1
+
+
+def test_calls_whose_cpu_time_ran_on_other_threads_are_threads():
+    observed = {f"candidate/{i}": (0.001, 0.0005, False) for i in range(100)}  # 50 ms of CPU time in all
+    assert jg.other_threads_worked(0.004, observed) is None  # a runtime thread's bookkeeping
+    assert jg.other_threads_worked(0.025, observed).startswith("[threads] 25 ms of the 50 ms of CPU time")
+
+
+def test_the_arena_carries_values_only_in_the_judges_layout():
+    """The runner writes into the judge's slots; what the judge reads is its own memory's bytes."""
+    judge_end, runner_end = mp.Pipe()
+    arena = Arena.create([torch.zeros(4, 3), 7, torch.zeros(5, dtype=torch.int64)])
+    judge_end.send_bytes(json.dumps({"op": "arena", "slots": arena.layout}).encode())
+    arena.send(judge_end)
+    theirs = Arena.receive(runner_end, json.loads(runner_end.recv_bytes()))
+    assert theirs.layout[1] == {} and theirs.slots[1] is None
+    theirs.slots[0].fill_(2.5)
+    theirs.slots[2].copy_(torch.arange(5))
+    assert float(arena.slots[0].sum()) == 2.5 * 12 and torch.equal(arena.slots[2], torch.arange(5))
