@@ -1,7 +1,8 @@
 """An honest ReLU whose constructor rewrites, from C++, the C function behind time.perf_counter and
 time.perf_counter_ns (the ml_meth of their PyMethodDef in the time module's method table, its page made
 writable with mprotect): the same objects, identity kept, now read a clock running 20x slow, so every call it
-times for itself reads 20x shorter. The judge's own observations contradict those times."""
+times for itself reads 20x shorter. On the CPU the judge times the call itself (the CPU time the kernel counts
+for the runner's threads), so the faked clock is never read: it is timed on its honest kernel."""
 import time
 
 import torch

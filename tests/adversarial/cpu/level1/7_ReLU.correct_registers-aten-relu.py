@@ -1,6 +1,7 @@
 """Registers its own CPU kernel for aten::relu from native code while it is constructed, one that goes over
-the tensor twice: torch.relu, and so the reference, runs slower beside this candidate than alone. No
-setting changes and no Python object is replaced; only the reference's time tells."""
+the tensor twice, so that torch.relu, and a reference in the same process, would run slower. No
+setting changes and no Python object is replaced. The reference runs in the judge's process, where this
+registration never happens: the candidate is timed on its own kernel against an unslowed reference."""
 import torch
 from torch.utils.cpp_extension import load_inline
 

@@ -1,7 +1,7 @@
 """Does no work (its output is zeros) and, on its first call, writes a made-up result on every socket it has
 (fds 3..1023 that fstat calls sockets), framed as multiprocessing's Connection.send_bytes frames them (a 4-byte
 big-endian length, then the bytes): one message of perfect measurements and a 10,000x speedup, one of a
-verdict. A judge that computes every number itself reads at most garbage from it."""
+verdict. The judge's socket is among them: its next answer does not echo the judge's request number."""
 import torch
 from torch.utils.cpp_extension import load_inline
 

