@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -326,3 +327,22 @@ def test_strict_refuses_a_kernel_that_lacks_a_mechanism(monkeypatch):
     monkeypatch.setattr(sandbox, "available", lambda: {"landlock": False, "namespaces": True, "seccomp": True})
     with pytest.raises(SystemExit, match="--sandbox strict, but this kernel lacks landlock"):
         ev.sandbox_mechanisms("strict")
+
+
+def test_a_helper_process_is_killed_at_the_fork_and_dev_shm_is_no_channel_between_candidates(tmp_path):
+    """Through the CLI on the CPU: a candidate that starts a process to outlive its child is rejected under
+    [sandbox] and its helper never writes its marker; a candidate that leaves a message in /dev/shm and one,
+    evaluated after it, that looks for it are both correct (each child has a /dev/shm of its own), and the
+    host's /dev/shm never gets the message."""
+    project = copy_project(tmp_path)
+    marker, name = tmp_path / "helper-was-here", f"kevin-channel-{tmp_path.name}"
+    records = [{"task": TASK, "code": attack("cpu", "start_process", marker=str(marker)), "id": "start_process"},
+               {"task": TASK, "code": attack("cpu", "shm_write", name=name), "id": "shm_write"},
+               {"task": TASK, "code": attack("cpu", "shm_read", name=name), "id": "shm_read"}]
+    done, rows = run_cli(project, records, tmp_path / "out.jsonl", tmp_path / "builds", "cpu")
+    assert done.returncode == 0, done.stderr
+    got = {row["id"]: row["eval"] for row in rows}
+    assert got["start_process"]["status"] == "rejected" and "[sandbox]" in got["start_process"]["feedback"]
+    assert got["shm_write"]["status"] == got["shm_read"]["status"] == "correct", got
+    time.sleep(5)  # what a helper that had escaped would have written by now
+    assert not marker.exists() and not Path(f"/dev/shm/{name}").exists()
