@@ -16,11 +16,12 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate as ev  # noqa: E402
+from run_child import flatten_outputs, import_file  # noqa: E402
 
 
 def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) -> list[str]:
     """Why a task is degenerate, if it is (see the module docstring); [] for a sound one."""
-    task = ev.import_file(str(path), "reference_task")
+    task = import_file(str(path), "reference_task")
 
     def output(init_seed: int, input_seed: int):
         torch.manual_seed(init_seed)
@@ -31,7 +32,7 @@ def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) 
         inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
         with torch.no_grad():
             out = model(*inputs)
-        return [torch.as_tensor(o).double() for o in ev.flatten_outputs(out)], any(True for _ in model.parameters())
+        return [torch.as_tensor(o).double() for o in flatten_outputs(out)], any(True for _ in model.parameters())
 
     def same(a: list, b: list) -> bool:
         return all(x.shape == y.shape and torch.allclose(x, y, atol=atol, rtol=rtol) for x, y in zip(a, b))
