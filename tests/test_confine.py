@@ -5,13 +5,15 @@ import os
 import signal
 import socket
 import subprocess
-import threading
+import sys
+from pathlib import Path
 
 import pytest
 
 import sandbox
 
 MECHANISMS = sandbox.available()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def confined(tmp_path, probe, mechanisms=None, hidden=(), **options):
@@ -175,33 +177,38 @@ extern "C" int openmp_threads() {
 
 @needs_seccomp
 def test_threads_still_start_where_processes_may_not(tmp_path):
-    """Python's threads, C++'s std::thread, OpenMP's and torch's: clone3 answers ENOSYS, glibc takes clone. torch is
-    imported before, as the fork server does (its import runs ldconfig in a process)."""
-    import ctypes
-
-    import torch
-
+    """Python's threads, C++'s std::thread, OpenMP's and torch's: clone3 answers ENOSYS, glibc takes clone. In a
+    child forked from a fresh interpreter that has imported torch, as the fork server's are (its import runs
+    ldconfig in a process): one forked from this test process could inherit an OpenMP pool that earlier tests
+    started, and hang in it."""
     (tmp_path / "threads.cpp").write_text(THREADS_CPP)
     subprocess.run(["g++", "-shared", "-fPIC", "-fopenmp", "-pthread", str(tmp_path / "threads.cpp"), "-o",
                     str(tmp_path / "threads.so")], check=True)
-
-    def probe(own):
-        ran = []
-        threads = [threading.Thread(target=ran.append, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        native = ctypes.CDLL(str(tmp_path / "threads.so"))
-        torch.set_num_threads(2)
-        total = torch.ones(1 << 22).mul_(2).sum().item()  # past the grain size: on torch's thread pool
-        with open("/proc/self/status") as f:
-            alive = int(next(line for line in f if line.startswith("Threads:")).split()[1])
-        return {"python": sorted(ran), "std::thread": native.std_threads(4), "openmp": native.openmp_threads(),
-                "torch": total, "pool": alive >= 2}
-
-    answer = confined(tmp_path, probe, forbid_processes=True)
-    assert answer == {"python": [0, 1, 2, 3], "std::thread": 4, "openmp": 3, "torch": 2.0 * (1 << 22), "pool": True}
+    (tmp_path / "own").mkdir()
+    probe = f"""
+import ctypes, json, os, sys, threading
+sys.path.insert(0, {str(ROOT)!r})
+import torch
+import sandbox
+if os.fork():  # the parent: as the fork server, which has imported torch and run nothing on its threads
+    sys.exit(os.waitstatus_to_exitcode(os.wait()[1]))
+sandbox.confine([{str(tmp_path / "own")!r}], sandbox.readable([{str(tmp_path)!r}], []), {MECHANISMS!r},
+                forbid_processes=True)
+ran = []
+threads = [threading.Thread(target=ran.append, args=(i,)) for i in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+native = ctypes.CDLL({str(tmp_path / "threads.so")!r})
+torch.set_num_threads(2)
+total = torch.ones(1 << 22).mul_(2).sum().item()  # past the grain size: on torch's thread pool
+alive = int(next(line for line in open("/proc/self/status") if line.startswith("Threads:")).split()[1])
+print(json.dumps({{"python": sorted(ran), "std::thread": native.std_threads(4), "openmp": native.openmp_threads(),
+                  "torch": total, "pool": alive >= 2}}))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"python": [0, 1, 2, 3], "std::thread": 4, "openmp": 3, "torch": 2.0 * (1 << 22),
+                                       "pool": True}
 
 
 @needs_mount_namespace
