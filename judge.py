@@ -386,9 +386,11 @@ class Judge:
                 if why:
                     return self.rejected(why)
         candidate = on_every_stream(candidate, windows, opened)
-        if self.cuda and self.defend and (why := unobserved_time(candidate, observed, harness["wall"])
-                            or slowed_reference(calls, clean, self.payload["max_reference_slowdown"])):
-            return self.rejected(why)
+        if self.cuda and self.defend:
+            why = unobserved_time(candidate, observed, harness["wall"]) or \
+                slowed_reference(calls, clean, self.payload["max_reference_slowdown"])
+            if why:
+                return self.rejected(why)
         medians = {name: _median([ms for _, ms, _ in rows]) for name, rows in {**calls, "candidate": candidate}.items()
                    if name != "timer"}
         return {"medians": medians, "trials": len(candidate), "max_abs_diff": worst, "max_rel_diff": worst_rel,
@@ -412,9 +414,9 @@ class Judge:
 
     def harness_alone(self, inputs: list) -> dict[str, float]:
         """What a timed call of the runner costs with no model at all, as the judge sees it: the least wall time
-        beyond the runner's report, and the median CPU time of the runner's threads, from `go` to its answer.
-        Measured before the candidate is imported, so that the candidate has no part in it, and as the timing
-        will call: each call after the reference has run with the runner stopped."""
+        beyond the runner's report, and the median CPU time of the runner's threads, from `go` to the answer to
+        `collect`. Measured before the candidate is imported, so that the candidate has no part in it, and as the
+        timing will call: each call after the reference has run with the runner stopped."""
         walls, cpus = [], []
         for i in range(NULL_CALLS if self.defend else 0):
             with self.runner_stopped():
@@ -607,7 +609,8 @@ class Judge:
 def judge(payload: dict, runner) -> dict:
     """The judge child's job: the verdict, or that the runner is gone (its exit status then says why)."""
     try:
-        return Judge(payload, runner).verdict()
+        with torch.no_grad():  # the reference runs as it is timed everywhere: without autograd
+            return Judge(payload, runner).verdict()
     except RunnerGone:
         return {"runner_gone": True}
     except ForgedAnswer:
