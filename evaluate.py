@@ -577,13 +577,12 @@ class _Evaluation:
             runner, payload, self.cfg.run_timeout_s, serve=self.cache.request)), daemon=True)
         serving.start()
         outcome = finish_child(judge_child, {**payload, "runner_pid": runner[0].pid}, self.cfg.run_timeout_s)
-        if outcome.get("runner_gone") or outcome.get("timeout"):
+        if outcome.get("timeout"):  # the judge waited on a runner that never answered
+            stop_child(runner)
+        elif outcome.get("runner_gone"):  # what the runner's exit says, or its own last word (it can only fail)
             serving.join(timeout=5.0)
-            if outcome.get("timeout"):  # the judge waited on a runner that never answered
-                stop_child(runner)
-            else:  # what the runner's exit says, or its own last word (it can only make itself a failure)
-                outcome = {**ran, "ready_at": outcome.get("ready_at")} if {"crash", "timeout", "error"} & ran.keys() \
-                    else {"crash": "the process exited before it answered", "log": ""}
+            outcome = {**ran, "ready_at": outcome.get("ready_at")} if {"crash", "timeout", "error"} & ran.keys() \
+                else {"crash": "the process exited before it answered", "log": ""}
         else:
             stop_child_later(runner)
         return outcome, _number(ran.get("cpu_s"))

@@ -352,8 +352,7 @@ class Judge:
         if failed := self.failed(self.ask({"op": "arena", "slots": self.arena.layout},
                                           then=lambda: self.arena.send(self.runner))):
             return failed
-        harness = self.harness_alone(inputs)
-        clean = self.clean_reference(inputs)
+        harness, clean = self.before_the_candidate(inputs)
         if failed := self.failed(self.ask({"op": "import"})):
             return failed
         self.times["load"] = time.perf_counter() - start
@@ -396,37 +395,33 @@ class Judge:
         return {"medians": medians, "trials": len(candidate), "max_abs_diff": worst, "max_rel_diff": worst_rel,
                 "times": self.times, "own_kernel_share": share}
 
-    def clean_reference(self, inputs: list) -> dict:
-        """The reference's fastest call, and on a GPU the fastest of the judge's own one-element kernel, before the
-        candidate exists: what `slowed_reference` compares with (on the CPU the runner is stopped while the
-        reference runs, so nothing of the candidate's can slow it there)."""
-        if not (self.cuda and self.defend):
-            return {}
-        runs = {"reference": [], "timer": []}
-        for _ in range(self.payload["warmup"] + 10):
-            runs["reference"].append(self.timer(self.reference, clone(inputs), "clean")[0])
-            runs["timer"].append(self.timer(lambda *_: self.one_element(), [], "clean")[0])
-        return {name: min(ms[self.payload["warmup"]:]) for name, ms in runs.items()}
-
     def one_element(self) -> torch.Tensor:
         """The least a model can do on the GPU: one kernel on one element (the latency a loaded host adds)."""
         return self.flush[:1].zero_()
 
-    def harness_alone(self, inputs: list) -> dict[str, float]:
-        """What a timed call of the runner costs with no model at all, as the judge sees it: the least wall time
-        beyond the runner's report, and the median CPU time of the runner's threads, from `go` to the answer to
-        `collect`. Measured before the candidate is imported, so that the candidate has no part in it, and as the
-        timing will call: each call after the reference has run with the runner stopped."""
-        walls, cpus = [], []
+    def before_the_candidate(self, inputs: list) -> tuple[dict[str, float], dict[str, float]]:
+        """Clean measurements, taken before the candidate is imported so that it has no part in them, and as the
+        timing will call (each call of the runner after the reference has run with the runner stopped):
+        - what a timed call of the runner costs with no model at all, as the judge sees it: the least wall time
+          beyond the runner's report, and the median CPU time of the runner's threads, from `go` to the answer
+          to `collect`;
+        - on a GPU, the reference's fastest call and the fastest of the judge's own one-element kernel, which
+          `slowed_reference` compares with (on the CPU the runner is stopped while the reference runs, so nothing
+          of the candidate's can slow it there)."""
+        walls, cpus, clean = [], [], {"reference": [], "timer": []}
         for i in range(NULL_CALLS if self.defend else 0):
             with self.runner_stopped():
-                self.timer(self.reference, clone(inputs), "clean")
+                clean["reference"].append(self.timer(self.reference, clone(inputs), "clean")[0])
+                if self.cuda:
+                    clean["timer"].append(self.timer(lambda *_: self.one_element(), [], "clean")[0])
             wall_s, cpu_s, answer = self.timed_call({"label": f"null/{i}", "null": True}, copy=False)
             if failed := self.failed(answer):
                 raise RunnerGone(str(failed))
             walls.append(wall_s * 1e3 - float(answer.get("events", math.nan)))
             cpus.append(cpu_s * 1e3)
-        return {"wall": min(walls, default=0.0), "cpu": _median(cpus) if cpus else 0.0}
+        harness = {"wall": min(walls, default=0.0), "cpu": _median(cpus) if cpus else 0.0}
+        warm = self.payload["warmup"]  # the first calls, as the timing's warm-ups, are left out where more follow
+        return harness, {name: min(ms[warm:] or ms) for name, ms in clean.items()} if self.cuda and walls else {}
 
     def timed_call(self, prepare: dict, copy: bool) -> tuple[float, float, dict]:
         """(wall seconds from `go` to the answer to `collect`, CPU seconds of the runner's threads meanwhile, the
@@ -566,7 +561,7 @@ class Judge:
                     if checked:
                         outputs[name] = self.outputs(answer.get("outputs"))
                 else:
-                    args = clone(inputs) if self.defend else inputs
+                    args = [] if name == "timer" else clone(inputs) if self.defend else inputs
                     with self.runner_stopped():
                         cpu = time.thread_time()
                         events, wall, outputs[name] = self.timer(models[name], args, label)

@@ -28,6 +28,7 @@ import re
 import sys
 import threading
 import time
+import traceback
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -327,6 +328,7 @@ class Runner:
         self.kernel_log = KernelLog() if self.cuda and self.defend else None
         self.timer = make_timer(self.cuda, self.flush, self.kernel_log)
         self.arena = self.model = self.tamper = self.pending = None
+        self.null_outputs: list[torch.Tensor] = []  # made once the arena's layout is known
         self.earlier: list = []  # (weak reference, span) of each output of the last call
         self.labels: set[str] = set()
 
@@ -334,16 +336,13 @@ class Runner:
         """Answer the judge until it says finish; an exception of the candidate's is an answer too."""
         handlers = {"arena": self.take_arena, "import": self.import_candidate, "call": self.call,
                     "prepare": self.prepare, "go": self.go, "collect": self.collect,
-                    "copy_parameters": self.copy_parameters,
-                    "finish": self.finish}
+                    "copy_parameters": self.copy_parameters, "finish": self.finish}
         with torch.no_grad():
             while True:
                 message = json.loads(self.judge.recv_bytes())
                 try:
                     answer = handlers[message["op"]](message)
                 except Exception as e:  # noqa: BLE001 - the candidate's own failure, reported as such
-                    import traceback
-
                     answer = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
                               "stage": "init" if message["op"] == "import" else "candidate"}
                 self.judge.send_bytes(json.dumps({**answer, "number": message.get("number")}, default=str).encode())
