@@ -21,6 +21,7 @@ distinct build), a copy with a compile error, and an exact duplicate.
     python bench/eval_throughput.py --part evaluate --save b.json               #   command may run 10 minutes at most
     python bench/eval_throughput.py --report a.json b.json --out results/eval_throughput_h200.json
     python bench/eval_throughput.py --device cpu                                 # the same machinery on a CPU
+    python bench/eval_throughput.py --part evaluate --tree .old --save before.json  # an older checkout's evaluator
 """
 import argparse
 import json
@@ -37,7 +38,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# --tree DIR: evaluate with another checkout's evaluator (an older one, say) on this checkout's candidates.
+CANDIDATES = Path(__file__).resolve().parents[1]
+TREE = Path(sys.argv[sys.argv.index("--tree") + 1]).resolve() if "--tree" in sys.argv else CANDIDATES
+sys.path.insert(0, str(TREE))
 import evaluate as ev  # noqa: E402
 
 
@@ -169,7 +173,7 @@ def run_evaluator(records: list[dict], cfg: ev.EvalConfig) -> dict:
 
 def candidate_set(kind: str) -> list[dict]:
     firsts = {}
-    for r in ev.library_records(ev.ROOT / "solutions" / kind):
+    for r in ev.library_records(CANDIDATES / "solutions" / kind):
         if ".correct_" in r["solution"]:
             firsts.setdefault(r["task"], r)
     return [v for r in firsts.values() for v in variants(r)]
@@ -196,12 +200,14 @@ def main():
     p.add_argument("--report", nargs=2, metavar=("BASELINE_JSON", "EVALUATE_JSON"),
                    help="print the comparison of two --part files instead of running anything")
     p.add_argument("--out", help="write every number to this JSON file")
+    p.add_argument("--tree", default=str(TREE), help="the checkout whose evaluate.py judges in (b) (default: this one); "
+                   "the candidates are always this checkout's, so two trees can be compared on the same ones")
     args = p.parse_args()
     if args.part and not args.save:
         p.error("--part needs --save")
 
     kind, gpus = ev.resolve_device(ev.EvalConfig(device=args.device))
-    tasks_dir = args.tasks or str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
+    tasks_dir = args.tasks or str(CANDIDATES / ("tasks" if kind == "cuda" else "tests/tasks"))
     records = candidate_set(kind)
     cores = len(os.sched_getaffinity(0))
     print(f"{len(records)} candidates over {len(records) // 4} tasks, {cores} cores, "
