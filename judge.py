@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from run_child import (NEUTRAL_KERNEL, busy_ms, changed, clone, flatten_outputs, flush_buffer, identical,
+from run_child import (NEUTRAL_KERNEL, KernelLog, busy_ms, changed, clone, flatten_outputs, flush_buffer, identical,
                        is_own_kernel, make_inputs, make_timer, span_ms, start_task)
 from tensor_exchange import Arena
 
@@ -268,7 +268,9 @@ class Judge:
         self.reference = self.task.Model(*init_inputs).to(self.device).eval()
         self.unknowable = random.Random(os.urandom(16))  # every draw of inputs, order and spot check
         self.flush = flush_buffer(self.device)
-        self.timer = make_timer(self.cuda, self.flush, None)
+        # the reference is timed under a kernel log as the candidate is in the runner: the profiler's cost per op
+        # and per launch falls on both sides of the speedup
+        self.timer = make_timer(self.cuda, self.flush, KernelLog() if self.cuda and self.defend else None)
         self.times: dict[str, float] = {}
         self.arena: Arena | None = None
         self.other_threads_s = 0.0  # CPU time of the runner's threads but its main one, in timed calls

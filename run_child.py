@@ -219,8 +219,6 @@ class TamperCheck:
         return None
 
 
-
-
 def copy_parameters(source, target) -> int:
     """Copy source's parameters and buffers into target's where a shape occurs once on each side; how many."""
     def by_shape(module) -> dict[tuple, list[torch.Tensor]]:
