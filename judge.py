@@ -206,11 +206,10 @@ def on_every_stream(rows: list, windows: dict, opened: dict) -> list:
 def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str | None:
     """Why the runner's reported times are shorter than what the judge saw, if they are: each call's wall
     clock here (`go` to the answer to `collect`) less the reported time is what the harness took around it; in
-    the least of the calls whose outputs stayed in the runner (as the harness-alone calls' did) it may exceed
-    the least of the clean harness-alone calls by HARNESS_SLACK times plus HARNESS_SLACK_MS. A clock faked to
-    read short leaves the whole difference unexplained."""
-    gaps = [observed[label][0] * 1e3 - ms for label, ms, _ in candidate
-            if label in observed and not observed[label][2]]
+    the least of the calls it may exceed the least of the clean harness-alone calls (their outputs handed over
+    as every call's are) by HARNESS_SLACK times plus HARNESS_SLACK_MS. A clock faked to read short, or work put
+    off until the outputs are handed over, leaves the whole difference unexplained."""
+    gaps = [observed[label][0] * 1e3 - ms for label, ms, _ in candidate if label in observed]
     allowed = HARNESS_SLACK * harness_ms + HARNESS_SLACK_MS
     if gaps and min(gaps) > allowed:
         return (f"[clock-mismatch] each of your timed calls took at least {min(gaps):.3g} ms longer, seen from the "
@@ -250,7 +249,7 @@ def other_threads_worked(other_s: float, observed: dict) -> str | None:
     other than the one that calls forward, as the kernel counts it, over its timed calls, against all of theirs.
     However the threads were started (OpenMP, _thread, native code), their time shows; CPU time, unlike the
     wall clock, does not shrink when other work on the machine takes the cores."""
-    total = sum(cpu for _, cpu, _ in observed.values())
+    total = sum(cpu for _, cpu in observed.values())
     if other_s > MAX_OTHER_THREADS * total + 0.002:
         return (f"[threads] {other_s * 1e3:.3g} ms of the {total * 1e3:.3g} ms of CPU time of your timed calls ran on "
                 "threads other than the one that called forward")
@@ -314,6 +313,8 @@ class Judge:
             elif "shape" in d and "dtype" not in d:
                 d = {"type": "a malformed description"}
             taken.append(d)
+        if self.cuda:  # the copies taken before the runner may write again
+            torch.cuda.synchronize()
         return taken
 
     @contextlib.contextmanager
@@ -350,8 +351,8 @@ class Judge:
         seed = self.unknowable.randrange(2**31)
         inputs = self.make_inputs(seed)
         expected = self.reference(*clone(inputs))
-        self.arena = Arena.create(flatten_outputs(expected))
-        if failed := self.failed(self.ask({"op": "arena", "slots": self.arena.layout},
+        self.arena = Arena.create(flatten_outputs(expected), self.device)
+        if failed := self.failed(self.ask({"op": "arena", **self.arena.message},
                                           then=lambda: self.arena.send(self.runner))):
             return failed
         harness, clean = self.before_the_candidate(inputs)
@@ -416,7 +417,7 @@ class Judge:
                 clean["reference"].append(self.timer(self.reference, clone(inputs), "clean")[0])
                 if self.cuda:
                     clean["timer"].append(self.timer(lambda *_: self.one_element(), [], "clean")[0])
-            wall_s, cpu_s, answer = self.timed_call({"label": f"null/{i}", "null": True}, copy=False)
+            wall_s, cpu_s, answer = self.timed_call({"label": f"null/{i}", "null": True})
             if failed := self.failed(answer):
                 raise RunnerGone(str(failed))
             walls.append(wall_s * 1e3 - float(answer.get("events", math.nan)))
@@ -425,30 +426,32 @@ class Judge:
         warm = self.payload["warmup"]  # the first calls, as the timing's warm-ups, are left out where more follow
         return harness, {name: min(ms[warm:] or ms) for name, ms in clean.items()} if self.cuda and walls else {}
 
-    def timed_call(self, prepare: dict, copy: bool) -> tuple[float, float, dict]:
+    def timed_call(self, prepare: dict) -> tuple[float, float, dict]:
         """(wall seconds from `go` to the answer to `collect`, CPU seconds of the runner's threads meanwhile, the
-        answers, with `copy` the outputs' values in the slots): the runner waits on its socket before and after, so
-        that both are exact, and work it put off until `collect` is inside them too."""
+        answers): the runner waits on its socket before and after, so that both are exact, and the work it put off
+        until its outputs are handed over is inside them too. Every call's outputs are handed over alike, into
+        cleared slots; which of them the judge reads, the runner never learns."""
         pid = self.payload["runner_pid"]
         if failed := self.failed(self.ask({"op": "prepare", **prepare})):
             return 0.0, 0.0, failed
-        if copy:
-            self.clear_slots()
+        self.clear_slots()
         cpu, began = threads_cpu_s(pid), time.perf_counter()
         answer = self.ask({"op": "go"})
         if not self.failed(answer):
-            answer = {**answer, **self.ask({"op": "collect", "copy": copy})}
+            answer = {**answer, **self.ask({"op": "collect"})}
         wall_s, after = time.perf_counter() - began, threads_cpu_s(pid)
         spent = {tid: s - cpu.get(tid, 0.0) for tid, s in after.items()}
         self.other_threads_s += sum(s for tid, s in spent.items() if tid != pid)
         return wall_s, sum(spent.values()), answer
 
     def clear_slots(self) -> None:
-        """Every byte of the output slots set to 0xFF (NaN in any float dtype) before a call whose outputs are
-        read: what the runner does not write this call cannot pass for its answer."""
+        """Every byte of the output slots set to 0xFF (NaN in any float dtype) before a call: what the runner does
+        not write this call cannot pass for its answer."""
         for slot in self.arena.slots:
             if slot is not None and slot.numel():
                 slot.view(-1).view(torch.uint8).fill_(0xFF)
+        if self.cuda:  # done before the runner writes: no order holds between two processes' streams
+            torch.cuda.synchronize()
 
     # ------------------------------------------------------------------------------------------ correctness
 
@@ -521,7 +524,7 @@ class Judge:
 
     def time_models(self, harness_cpu_ms: float) -> tuple[dict | None, dict, dict]:
         """(the rejection or None, each model's timed calls as (label, ms, wall ms), the judge's observation of each
-        candidate call by label as (wall seconds, CPU seconds of the runner's threads, spot-checked)): warm-up,
+        candidate call by label as (wall seconds, CPU seconds of the runner's threads)): warm-up,
         then the models in a random order each trial on an independent draw of inputs (its seed told to the
         runner only as the call is prepared), so that clock drift hits them alike; random timed outputs are
         compared with the reference's on the same inputs. The reference runs here with the runner stopped. On a GPU a
@@ -553,13 +556,13 @@ class Judge:
             for name in self.unknowable.sample(list(models), len(models)) if self.defend else list(models):
                 label = f"{name}/{trial}"
                 if name == "candidate":
-                    wall_s, cpu_s, answer = self.timed_call({"label": label, "seed": seed}, copy=checked)
+                    wall_s, cpu_s, answer = self.timed_call({"label": label, "seed": seed})
                     if failed := self.failed(answer):
                         return failed, calls, observed
-                    observed[label] = (wall_s, cpu_s, checked)
+                    observed[label] = (wall_s, cpu_s)
                     events, wall = float(answer.get("events", math.nan)), float(answer.get("wall", math.nan))
-                    if not self.cuda:  # a spot-checked call's copy is in its CPU time: its time is left out
-                        events = math.nan if checked else max(0.0, cpu_s * 1e3 - harness_cpu_ms)
+                    if not self.cuda:
+                        events = max(0.0, cpu_s * 1e3 - harness_cpu_ms)
                     if checked:
                         outputs[name] = self.outputs(answer.get("outputs"))
                 else:

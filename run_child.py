@@ -389,7 +389,7 @@ class Runner:
         if self.cuda:
             torch.cuda.synchronize()
         del beside
-        answer = self.put_outputs(out, held, copy=True)
+        answer = self.put_outputs(out, held)
         answer["unsynchronized"] = any(not identical(a, b) for a, b in zip(early, probe(out)))
         answer["changed_inputs"] = changed(before, args)
         return answer
@@ -397,10 +397,11 @@ class Runner:
     def prepare(self, message: dict) -> dict:
         """A timed call in three steps, so that the judge reads this process's clocks (its CPU time) while it
         waits between them: `prepare` makes the inputs of `seed`, `go` makes the call and answers as it returns,
-        `collect` checks its outputs and, with `copy`, hands them over (the judge spot-checks some calls; which,
-        this process learns only after the call). With `null`, the call is of no model at all: what the harness
-        alone costs, asked before the candidate is imported (its outputs made once, ahead: making an output is the
-        model's work, and the reference's)."""
+        `collect` checks its outputs and hands them over. Every call hands them over, and the judge reads some
+        (the spot checks): a call cannot tell whether it is checked, so work put off until its outputs are read is
+        done in every call, inside the judge's clocks. With `null`, the call is of no model at all: what the harness
+        alone costs, handing over included, asked before the candidate is imported (its outputs made once, ahead:
+        making an output is the model's work, and the reference's)."""
         null = bool(message.get("null"))
         args = [] if null else make_inputs(self.task, self.device, message["seed"])
         self.pending = {"args": args, "label": message["label"], "held": [] if null else self.held_memory(args),
@@ -415,7 +416,7 @@ class Runner:
 
     def collect(self, message: dict) -> dict:
         pending, self.pending = self.pending, None
-        return self.put_outputs(pending["out"], pending["held"], copy=bool(message.get("copy")))
+        return self.put_outputs(pending["out"], pending["held"])
 
     def held_memory(self, args: list) -> list[tuple[str, tuple[int, int]]]:
         """What an output must not share memory with: the inputs, the parameters and buffers, and the outputs of
@@ -429,10 +430,10 @@ class Runner:
         self.earlier = []
         return held
 
-    def put_outputs(self, out, held: list, copy: bool) -> dict:
-        """Each output's shape and dtype (what else it is, if not a plain dense tensor on this device), with `copy`
-        copied into the judge's slot where it has the slot's shape and dtype; an output sharing memory with `held`
-        is refused."""
+    def put_outputs(self, out, held: list) -> dict:
+        """Each output's shape and dtype (what else it is, if not a plain dense tensor on this device), copied into
+        the judge's slot where it has the slot's shape and dtype; an output sharing memory with `held` is
+        refused."""
         outputs = flatten_outputs(out)
         described = []
         for i, o in enumerate(outputs):
@@ -462,9 +463,11 @@ class Runner:
                 self.earlier.append((StorageWeakRef(o.untyped_storage()), (begin, end)))
             dtype = str(o.dtype).removeprefix("torch.")
             slot = self.arena.slots[i] if i < len(self.arena.slots) else None
-            if copy and slot is not None and list(slot.shape) == list(o.shape) and slot.dtype == o.dtype:
+            if slot is not None and list(slot.shape) == list(o.shape) and slot.dtype == o.dtype:
                 slot.copy_(o)
             described.append({"shape": list(o.shape), "dtype": dtype})
+        if self.cuda:  # in the slots before the answer: the judge reads them as it comes
+            torch.cuda.synchronize()
         return {"outputs": described}
 
     def finish(self, message: dict) -> dict:

@@ -324,8 +324,9 @@ def cpu_adversarial_results():
 
 
 def test_every_cpu_trick_is_rejected_by_the_rule_its_name_gives(cpu_adversarial_results):
-    """Each trick gets the status its name gives (a rejection names its rule); one that can only be timed on
-    its honest kernel is correct at no more than 1.5x its honest twin, which is correct too."""
+    """Each trick gets the status its name gives (a rejection names its rule); one on Swish that can only be timed
+    on its honest kernel (the work is ~1 ms against the harness's ~0.1: a trick that skipped it would show) is
+    correct at no more than 1.5x its honest twin, which is correct too."""
     records, results = cpu_adversarial_results
     assert len(records) >= 10
     by_name = {r["solution"]: e for r, e in zip(records, results)}
@@ -335,7 +336,10 @@ def test_every_cpu_trick_is_rejected_by_the_rule_its_name_gives(cpu_adversarial_
             assert f"[{record['solution'].split('.rejected_')[1].split('.')[0]}]" in e["feedback"], e["feedback"]
             assert not e["correct"] and e["speedup"] is None
     twin = by_name["level1/9_Swish.correct_honest-twin"]["speedup"]
-    assert by_name["level1/9_Swish.correct_remembers-near-duplicates"]["speedup"] <= 1.5 * twin
+    tricks = [name for name in by_name if name.startswith("level1/9_Swish.correct_") and "honest-twin" not in name]
+    assert len(tricks) >= 3
+    for name in tricks:
+        assert by_name[name]["speedup"] <= 1.5 * twin, (name, by_name[name]["speedup"], twin)
 
 
 # --------------------------------------------------------------------------------------------------- CLI
