@@ -2,8 +2,8 @@
 # The evaluator's defences on a GPU, each step logging to $OUT: the GPU tests (their batches of hand-written and
 # adversarial kernels kept in $OUT/keep), evaluation throughput with this checkout's evaluator and with an older
 # one on the same candidates (an export in .old, made beforehand, e.g. git archive 0928aec^ --prefix=.old/ | tar -x
-# for the evaluator before the judge moved out of the candidate's process), whether speedups repeat across two
-# runs, and what the runtime defences cost.
+# for the evaluator before the judge moved out of the candidate's process), the timing against a clean one
+# (bench/timing_fidelity.py), whether speedups repeat across two runs, and what the runtime defences cost.
 #   OUT=/tmp/def setsid nohup bash bench/gpu_defences.sh > /tmp/def.log 2>&1 < /dev/null &   # detached
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,7 @@ tail -qn 1 "$OUT"/throughput_*.log >> "$OUT/summary.txt"
 step gpu_tests env KEEP_RESULTS="$OUT/keep" python -m pytest -m gpu tests/ -q -p no:cacheprovider \
     -k "not ddp_and_fsdp and not zero3" --durations=20
 tail -n 3 "$OUT/gpu_tests.log" >> "$OUT/summary.txt"
+step timing_fidelity python bench/timing_fidelity.py --out "$OUT/timing_fidelity.json"
 step repeatability python bench/repeatability.py --out "$OUT/repeatability.json"
 step defence_cost_after python bench/defence_cost.py --count 10 --out "$OUT/defence_cost_after.json"
 step defence_cost_before python bench/defence_cost.py --count 10 --tree .old --out "$OUT/defence_cost_before.json"

@@ -1,0 +1,170 @@
+"""How far evaluate.py's speedups are from a clean measurement of the same kernels, in one run on one machine.
+
+For every kernel of solutions/<device>/ (and of --extra folders) whose name says `correct`:
+  clean   a bare process per kernel: the task's Model and the candidate's ModelNew built under the same seed,
+          no profiler, no checks, no sandbox; the two called in turn on one draw of inputs, each call after the
+          L2 flushed by zeroing 512 MB, timed by CUDA events around the call alone, median of --calls (as
+          KernelBench's cuda_event method; on the CPU the wall clock around the call);
+  alone   `evaluate.evaluate` on these kernels only;
+  batch   `evaluate.evaluate` on them inside every other candidate of the same folders: faults, hanging
+          kernels, tricks and their builds beside them.
+It prints a row per kernel (clean speedup; evaluate's, alone and in the batch, as a ratio to the clean one;
+the candidate's and the reference's times as ratios too, which tell the side a bias is on) and the median
+and worst ratios, and writes every number to --out.
+
+    python bench/timing_fidelity.py --out results/timing_fidelity_h200.json
+    python bench/timing_fidelity.py --device cpu --calls 20          # the same machinery on a CPU
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def clean_times(task: str, candidate: str, device: str, calls: int) -> dict:
+    """In this (fresh) process: the median milliseconds of the reference and the candidate, called in turn."""
+    import torch
+
+    from run_child import import_file
+
+    module, new = import_file(task, "task"), import_file(candidate, "candidate")
+    dev = torch.device(device)
+    torch.manual_seed(42)
+    reference = module.Model(*module.get_init_inputs()).to(dev).eval()
+    torch.manual_seed(42)
+    model = new.ModelNew(*module.get_init_inputs()).to(dev).eval()
+    torch.manual_seed(0)
+    with dev:
+        inputs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
+    flush = torch.empty(512 * 2**20 // 4, dtype=torch.int32, device=dev) if dev.type == "cuda" else None
+
+    def once(fn) -> float:
+        if flush is None:
+            began = time.perf_counter()
+            fn(*inputs)
+            return (time.perf_counter() - began) * 1e3
+        flush.zero_()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn(*inputs)
+        end.record()
+        torch.cuda.synchronize()
+        return begin.elapsed_time(end)
+
+    times = {"reference": [], "candidate": []}
+    with torch.no_grad():
+        for _ in range(3):  # warm-up
+            once(reference), once(model)
+        for _ in range(calls):
+            times["reference"].append(once(reference))
+            times["candidate"].append(once(model))
+    return {name: statistics.median(ms) for name, ms in times.items()}
+
+
+def clean(record: dict, device: str, calls: int, extensions: str) -> dict:
+    """clean_times in a bare process of its own (its extension built into `extensions`, shared by all)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(record["code"])
+    try:
+        done = subprocess.run([sys.executable, __file__, "--clean", record["task_path"], f.name, "--device", device,
+                               "--calls", str(calls)], capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "TORCH_EXTENSIONS_DIR": extensions})
+    finally:
+        os.unlink(f.name)
+    if done.returncode:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    p.add_argument("--calls", type=int, default=100, help="timed calls of each model in the clean measurement")
+    p.add_argument("--extra", nargs="*", default=None,
+                   help="more candidate folders (default: tests/adversarial/<device>, whose honest twins are timed "
+                        "too and whose tricks fill the batch)")
+    p.add_argument("--out", help="write every number to this JSON file")
+    p.add_argument("--clean", nargs=2, metavar=("TASK", "CANDIDATE"), help=argparse.SUPPRESS)  # one bare process
+    args = p.parse_args()
+    if args.clean:
+        print(json.dumps(clean_times(*args.clean, args.device, args.calls)))
+        return
+
+    import evaluate as ev
+    from eval_records import with_tasks_from
+
+    kind, gpus = ev.resolve_device(ev.EvalConfig(device=args.device))
+    tasks = ev.load_tasks(ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
+    folders = [ROOT / "solutions" / kind] + [Path(f) for f in (args.extra if args.extra is not None
+                                                                 else [ROOT / "tests" / "adversarial" / kind])]
+    everything = [r for folder in folders
+                  for r in with_tasks_from(ev.library_records(folder), tasks, ROOT / "tests" / "adversarial" / "tasks")]
+    honest = [r for r in everything if r["solution"].split(".", 1)[1].startswith("correct_")
+              and (folder_of(r, folders) == folders[0] or "honest-twin" in r["solution"])]
+    for r in honest:
+        r["task_path"] = str(tasks[r["task"]]) if r["task"] in tasks else r["task"]
+    device = gpus[0] if kind == "cuda" else "cpu"
+    print(f"{len(honest)} honest kernels, a batch of {len(everything)}, on {device}", file=sys.stderr)
+
+    with tempfile.TemporaryDirectory() as extensions:
+        with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:  # build each extension once, in parallel
+            list(pool.map(lambda r: clean(r, device, 1, extensions), honest))
+        cleaned = [clean(r, device, args.calls, extensions) for r in honest]  # then timed one at a time
+    cfg = ev.EvalConfig(device=kind, gpus=[int(device.split(":")[1])] if kind == "cuda" else None, progress=False)
+    alone = ev.evaluate(honest, cfg)
+    batch = {id(r): e for r, e in zip(everything, ev.evaluate(everything, cfg))}
+    rows = []
+    for r, c, a in zip(honest, cleaned, alone):
+        row = {"kernel": r["solution"], "clean": c, "alone": summary(a), "batch": summary(batch[id(r)])}
+        if "error" not in c:
+            row["clean"]["speedup"] = c["reference"] / c["candidate"]
+            for side in ("alone", "batch"):
+                e = row[side]
+                if e["speedup"]:
+                    e["ratio"] = e["speedup"] / row["clean"]["speedup"]
+                    e["candidate_ratio"] = e["runtime_ms"] / c["candidate"]
+                    e["reference_ratio"] = e["ref_runtime_ms"] / c["reference"]
+        rows.append(row)
+    report(rows)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": kind, "calls": args.calls, "rows": rows}, indent=1))
+
+
+def folder_of(record: dict, folders: list[Path]) -> Path:
+    return next(f for f in folders if (f / f"{record['solution']}.py").exists())
+
+
+def summary(result: dict) -> dict:
+    return {k: result.get(k) for k in ("status", "speedup", "runtime_ms", "ref_runtime_ms")}
+
+
+def report(rows: list[dict]) -> None:
+    def cell(e: dict, key: str) -> str:
+        return f"{e[key]:.3f}" if e.get(key) else e.get("status", "-")
+
+    print("| kernel | clean speedup | alone / clean | batch / clean | candidate ms alone / clean | "
+          "reference ms alone / clean |\n|---|---|---|---|---|---|")
+    for row in rows:
+        c, a, b = row["clean"], row["alone"], row["batch"]
+        clean_cell = f"{c['speedup']:.3f}" if "speedup" in c else c.get("error", "-")
+        print(f"| {row['kernel']} | {clean_cell} | {cell(a, 'ratio')} | {cell(b, 'ratio')} | "
+              f"{cell(a, 'candidate_ratio')} | {cell(a, 'reference_ratio')} |")
+    for side in ("alone", "batch"):
+        ratios = [row[side]["ratio"] for row in rows if row[side].get("ratio")]
+        if ratios:
+            worst = max(ratios, key=lambda x: abs(x - 1))
+            print(f"{side}: median ratio {statistics.median(ratios):.3f}, worst {worst:.3f}, "
+                  f"within 3%: {sum(abs(x - 1) <= 0.03 for x in ratios)}/{len(ratios)}")
+
+
+if __name__ == "__main__":
+    main()
