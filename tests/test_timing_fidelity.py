@@ -1,0 +1,29 @@
+"""bench/timing_fidelity.py: its clean measurement times the models as a bare process would, and its table says
+which side a bias is on."""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import timing_fidelity as tf  # noqa: E402
+
+
+def test_the_clean_measurement_times_both_models_of_a_real_candidate():
+    times = tf.clean_times(str(ROOT / "tests" / "tasks" / "level1" / "7_ReLU.py"),
+                           str(ROOT / "solutions" / "cpu" / "level1" / "7_ReLU.correct_loop.py"), "cpu", 5)
+    assert set(times) == {"reference", "candidate"}
+    assert all(0 < ms < 1000 for ms in times.values()), times
+
+
+def test_the_table_gives_each_ratio_and_the_worst(capsys):
+    rows = [{"kernel": "level1/7_ReLU.correct_loop", "clean": {"speedup": 2.0},
+             "alone": {"status": "correct", "ratio": 0.9, "candidate_ratio": 1.1, "reference_ratio": 1.0},
+             "batch": {"status": "correct", "ratio": 0.8}},
+            {"kernel": "level1/9_Swish.correct_fused", "clean": {"error": "ImportError: x"},
+             "alone": {"status": "compile_error"}, "batch": {"status": "compile_error"}}]
+    tf.report(rows)
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "| level1/7_ReLU.correct_loop | 2.000 | 0.900 | 0.800 | 1.100 | 1.000 |"
+    assert out[3] == "| level1/9_Swish.correct_fused | ImportError: x | compile_error | compile_error | " \
+                     "compile_error | compile_error |"
+    assert out[4] == "alone: median ratio 0.900, worst 0.900, within 3%: 0/1"
