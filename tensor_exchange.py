@@ -89,7 +89,7 @@ class DeviceBlock:
         access = _AccessDesc(location=_Location(ON_DEVICE, index), flags=READ_WRITE)
         self._call("cuMemSetAccess", self.pointer, ctypes.c_size_t(self.size), ctypes.byref(access),
                    ctypes.c_size_t(1))
-        self.__cuda_array_interface__ = {"shape": (self.size,), "typestr": "|u1", "version": 3,
+        self.__cuda_array_interface__ = {"shape": (self.size,), "typestr": "|u1", "version": 3, "strides": None,
                                          "data": (self.pointer.value, False)}
         self.tensor = torch.as_tensor(self, device=torch.device("cuda", index))
 
