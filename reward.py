@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import math
+import signal
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -242,5 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.write(json.dumps(trajectory) + "\n")
     print(summary_table(trajectories, config.group_by), file=sys.stderr)
 
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head`: a reader that stops early ends us quietly, as cat
     main()

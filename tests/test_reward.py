@@ -195,6 +195,19 @@ def test_cli_reports_a_missing_file_in_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_cli_piped_into_a_reader_that_stops_early_exits_quietly(tmp_path):
+    """`python reward.py FILE | head -c 10`: the reader gone, reward.py stops as Unix tools do, without a
+    traceback. Our end of the pipe is closed before it writes, so its first write meets no reader."""
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(json.dumps(TASK_A0) + "\n")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "reward.py"), str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=60) != 0
+    assert stderr == ""
+
+
 def test_cli_help_lists_every_flag():
     result = run_cli("--help")
     assert result.returncode == 0
