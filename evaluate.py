@@ -69,7 +69,7 @@ import sandbox
 from build_cache import BuildCache, compile_extension
 from config_flags import add_config_flags, given_flags
 from eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
-from eval_records import already_written, library_records, read_records
+from eval_records import already_written, library_records, open_output, read_records
 from isolation import (finish_child, hidden_from_children, peers, run_in_child, start_child, start_fork_server,
                        stop_child, stop_child_later, stop_every_child)
 from judge import judge
@@ -649,7 +649,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("input", nargs="?", help="JSONL of candidates (`task`, `code`); `-` for stdin; "
                    "default: the hand-written candidates in solutions/<device>/")
-    p.add_argument("-o", "--output", help="append results here (resuming a run) instead of stdout")
+    p.add_argument("-o", "--output", help="append results here (resuming a run) instead of stdout; one run at a "
+                   "time writes a file")
     add_config_flags(p, EvalConfig)
     return p
 
@@ -696,11 +697,12 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     cfg = _config(args)
     _, records = _input_records(args.input, cfg)
+    # The demo prints only its table unless asked to keep the records; a pipeline gets them on stdout. OUT is
+    # locked before it is read: what it holds is this run's to go on from.
+    out = open_output(args.output) if args.output else open(os.devnull, "w") if args.input is None else sys.stdout
     done = already_written(args.output, records) if args.output else 0
     if done:
         print(f"resuming: {done} of {len(records)} already in {args.output}", file=sys.stderr)
-    # The demo prints only its table unless asked to keep the records; a pipeline gets them on stdout.
-    out = open(args.output, "a") if args.output else open(os.devnull, "w") if args.input is None else sys.stdout
     pending, written = {}, []
 
     def write_in_order(i: int, result: dict):

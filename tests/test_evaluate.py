@@ -421,6 +421,40 @@ def test_cli_resume_refuses_a_blank_or_garbled_output_line(tmp_path, second, mes
     assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("output", ["a_folder", "no/such/folder/out.jsonl"])
+def test_cli_an_output_that_cannot_be_written_is_one_clear_line(tmp_path, output):
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
+    result = run_cli(str(tmp_path / "in.jsonl"), "-o", str(tmp_path / output), "--device", "cpu",
+                     "--tasks", CPU["tasks"])
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: cannot write {tmp_path / output}: ")
+
+
+def test_cli_a_second_run_on_the_same_output_is_refused_while_the_first_writes_it(tmp_path):
+    """Two runs appending to one -o file would write every result twice: the second is refused in one line while
+    the first holds the file (here, checking a candidate that spins until its run timeout), and a resume once
+    the first has ended goes on from its results as usual."""
+    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("timeout_spin")) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = [str(tmp_path / "in.jsonl"), "-o", str(out), "--device", "cpu", "--tasks", CPU["tasks"],
+            "--run-timeout-s", "20", "--no-progress"]
+    first = subprocess.Popen([sys.executable, str(ROOT / "evaluate.py"), *args], cwd=ROOT, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 120
+    while not out.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    second = run_cli(*args)
+    _, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr
+    assert second.returncode != 0 and "Traceback" not in second.stderr, second.stderr
+    assert second.stderr.strip().splitlines()[-1] == f"error: {out} is being written by another run; wait for it " \
+                                                     "to end, then run again to resume"
+    again = run_cli(*args)
+    assert again.returncode == 0 and "resuming: 1 of 1" in again.stderr, again.stderr
+    assert [json.loads(line)["eval"]["status"] for line in out.read_text().splitlines()] == ["timeout"]
+
+
 def test_cli_reads_stdin(cpu_results):
     records, _ = cpu_results
     result = run_cli("-", "--device", "cpu", "--no-progress", "--tasks", CPU["tasks"],
