@@ -298,6 +298,8 @@ def previous_run(output_dir: Path, log_path: Path) -> list[Path]:
 def check_inputs(args: argparse.Namespace) -> None:
     """One-line errors before anything is loaded. A fresh run into the output of a previous one is refused:
     the old checkpoints would outlive the new metrics, and a later --resume would mix the two runs."""
+    if Path(args.output_dir).is_file():
+        raise SystemExit(f"error: --output-dir {args.output_dir} is a file, not a folder")
     left = previous_run(Path(args.output_dir), Path(args.log))
     if left and not (args.resume or args.overwrite):
         raise SystemExit(f"error: {', '.join(map(str, left))} from a previous run: pass --resume to continue it, "
