@@ -350,6 +350,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--budget must be >= 1, got {args.budget}")
     if any(t <= 0 for t in args.thresholds):
         raise SystemExit(f"--thresholds must be > 0, got {args.thresholds}")
+    if args.out_json and args.out_json.is_dir():
+        raise SystemExit(f"error: --out-json {args.out_json} is a folder; give a file, e.g. "
+                         f"{args.out_json / 'scale.json'}")
+    if args.plot_dir and args.plot_dir.is_file():
+        raise SystemExit(f"error: --plot-dir {args.plot_dir} is a file, not a folder")
     if args.plot_dir:
         import_pyplot()  # fail before any work
     if args.live:
