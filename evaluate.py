@@ -567,9 +567,10 @@ class _Evaluation:
         return start_child(judge, self.settings["judge"], next(logs), device, peer=judge_end), runner
 
     def judge_candidate(self, pair: tuple, task_path: str, candidate: str, kernels: list[str],
-                        device: str) -> tuple[dict, float]:
+                        device: str) -> tuple[dict, float | None]:
         """(the verdict, the runner's CPU seconds): the judge's, or where the runner died, timed out or was killed
-        by the sandbox, what its exit says. The runner's own answer to this process is never read as a result."""
+        by the sandbox, what its exit says. The runner's own answer to this process is never read as a result. Its
+        CPU seconds come with that answer: None for a runner killed before it (it may have spun for minutes)."""
         judge_child, runner = pair
         payload = _run_payload(self.cfg, task_path, candidate, kernels, device)
         ran: dict = {}
@@ -585,7 +586,7 @@ class _Evaluation:
                 else {"crash": "the process exited before it answered", "log": ""}
         else:
             stop_child_later(runner)
-        return outcome, _number(ran.get("cpu_s"))
+        return outcome, _number(ran["cpu_s"]) if "cpu_s" in ran else None
 
     def run_queued(self, device: str, workdir: str, candidates: int) -> None:
         """Each candidate gets a fresh runner and judge, set up ahead (no more spares than candidates left to
@@ -609,7 +610,8 @@ class _Evaluation:
             waited = max(0.0, _number(outcome.get("ready_at", sent_at)) - sent_at)  # the judge was still setting up
             result["time_s"] = {"compile": round(build_s, 3), "run": round(time.perf_counter() - run_started, 3),
                                 "wait": round(waited, 3), **times}
-            result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(run_cpu_s, 3)}
+            result["cpu_s"] = {"compile": round(build_cpu_s, 3),
+                               "run": None if run_cpu_s is None else round(run_cpu_s, 3)}
             self.finish(indices, result, started)
         for pair in spares:
             for child in pair:

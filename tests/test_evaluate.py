@@ -261,6 +261,14 @@ def get_init_inputs():
 """
 
 
+def test_a_runner_killed_at_its_timeout_or_by_its_crash_has_its_cpu_time_unknown_not_zero():
+    """A killed runner never says how much CPU it used: after seconds of spinning, 0.0 would be false."""
+    records = [cpu_solution(s) for s in ("timeout_spin", "runtime_error_segfault")]
+    results = ev.evaluate(records, ev.EvalConfig(**{**CPU, "run_timeout_s": 5}))
+    assert [e["status"] for e in results] == ["timeout", "runtime_error"]
+    assert [e["cpu_s"]["run"] for e in results] == [None, None]
+
+
 def test_the_reference_and_the_candidate_run_on_the_configured_number_of_threads(tmp_path):
     """A reference that multiplies by its thread count matches a plain ReLU on one thread, and only there."""
     (tmp_path / "relu_times_threads.py").write_text(THREAD_COUNTING_TASK)
