@@ -332,6 +332,9 @@ def resolve_device(cfg: EvalConfig) -> tuple[str, list[str]]:
     if kind == "cpu":
         return "cpu", ["cpu"]
     count = torch.cuda.device_count()
+    if count == 0:
+        raise SystemExit("error: --device cuda, but no CUDA GPU is visible (--device cpu checks C++ candidates on the "
+                         "CPU)")
     gpus = cfg.gpus if cfg.gpus is not None else list(range(count))
     if not gpus or any(g < 0 or g >= count for g in gpus):
         raise SystemExit(f"error: asked for GPUs {gpus} but {count} are visible")
@@ -691,6 +694,8 @@ def _input_records(source: str | None, cfg: EvalConfig) -> tuple[str, list[dict]
         try:
             resolve_task(str(record["task"]), index)
         except ValueError as e:
+            if not Path(cfg.tasks).exists():  # what is unknown is the folder, not the task
+                raise SystemExit(f"error: --tasks {cfg.tasks}: no such task file or folder") from None
             raise SystemExit(f"error: {source}: record {number}: {e}")
     return source, records
 

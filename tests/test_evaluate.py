@@ -383,6 +383,23 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, text, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+def test_cli_a_missing_task_folder_is_named_as_such_not_taken_for_an_unknown_task(tmp_path):
+    (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
+    result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", str(tmp_path / "nonexistent"))
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"error: --tasks {tmp_path / 'nonexistent'}: no such task file " \
+                                                     "or folder"
+
+
+def test_cli_device_cuda_without_a_gpu_says_no_gpu_is_visible(tmp_path):
+    (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
+    result = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "--device", "cuda",
+                             "--tasks", CPU["tasks"]], text=True, capture_output=True, cwd=ROOT, timeout=600,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --device cuda, but no CUDA GPU is visible")
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--correct-trials", "0", "correct_trials (--correct-trials) must be at least 1, not 0"),
     ("--timing-trials", "0", "timing_trials (--timing-trials) must be at least 1, not 0"),
