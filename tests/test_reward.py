@@ -191,7 +191,7 @@ def test_cli_names_the_line_and_turn_of_a_correct_kernel_without_speedup(tmp_pat
 def test_cli_reports_a_missing_file_in_one_line(tmp_path):
     result = run_cli(str(tmp_path / "absent.jsonl"))
     assert result.returncode != 0
-    assert result.stderr.strip().startswith("cannot read")
+    assert result.stderr.strip().startswith("error: cannot read")
     assert "Traceback" not in result.stderr
 
 

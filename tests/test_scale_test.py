@@ -280,7 +280,7 @@ def test_live_mode_refuses_generate_flags_it_sets_itself():
 def test_offline_cli_without_files_says_what_it_needs():
     result = run_cli()
     assert result.returncode != 0
-    assert result.stderr.strip() == "give one or more trajectory files, or --live"
+    assert result.stderr.strip() == "error: give one or more trajectory files, or --live"
 
 
 def test_offline_cli_names_the_bad_line(tmp_path):
