@@ -3,6 +3,7 @@ output that a resumed run goes on from. Every problem with either is a one-line 
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import sys
 from pathlib import Path
@@ -44,11 +45,26 @@ def read_records(source: str) -> list[dict]:
     return records
 
 
+def open_output(output: str):
+    """OUT opened to append, and locked (advisory, until this run closes it or ends): a second run on the same
+    file would write every result again, and a resume after both would take the copies for another input's."""
+    try:
+        out = open(output, "a")
+    except OSError as e:
+        raise SystemExit(f"error: cannot write {output}: {e.strerror}") from None
+    try:
+        fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        out.close()
+        raise SystemExit(f"error: {output} is being written by another run; wait for it to end, then run again "
+                         "to resume") from None
+    return out
+
+
 def already_written(output: str, records: list[dict]) -> int:
     """How many results OUT holds for these records. Line i must be record i with its `eval` added: an OUT
-    written from another input, or one with a blank or garbled line, is a one-line error, never resumed."""
-    if not Path(output).exists():
-        return 0
+    written from another input, or one with a blank or garbled line, is a one-line error, never resumed. OUT
+    exists: open_output has made it."""
     lines = Path(output).read_text().splitlines()
     for number, line in enumerate(lines, 1):
         try:

@@ -69,7 +69,7 @@ import sandbox
 from build_cache import BuildCache, compile_extension
 from config_flags import add_config_flags, given_flags
 from eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
-from eval_records import already_written, library_records, read_records
+from eval_records import already_written, library_records, open_output, read_records
 from isolation import (finish_child, hidden_from_children, peers, run_in_child, start_child, start_fork_server,
                        stop_child, stop_child_later, stop_every_child)
 from judge import judge
@@ -332,6 +332,9 @@ def resolve_device(cfg: EvalConfig) -> tuple[str, list[str]]:
     if kind == "cpu":
         return "cpu", ["cpu"]
     count = torch.cuda.device_count()
+    if count == 0:
+        raise SystemExit("error: --device cuda, but no CUDA GPU is visible (--device cpu checks C++ candidates on the "
+                         "CPU)")
     gpus = cfg.gpus if cfg.gpus is not None else list(range(count))
     if not gpus or any(g < 0 or g >= count for g in gpus):
         raise SystemExit(f"error: asked for GPUs {gpus} but {count} are visible")
@@ -567,9 +570,10 @@ class _Evaluation:
         return start_child(judge, self.settings["judge"], next(logs), device, peer=judge_end), runner
 
     def judge_candidate(self, pair: tuple, task_path: str, candidate: str, kernels: list[str],
-                        device: str) -> tuple[dict, float]:
+                        device: str) -> tuple[dict, float | None]:
         """(the verdict, the runner's CPU seconds): the judge's, or where the runner died, timed out or was killed
-        by the sandbox, what its exit says. The runner's own answer to this process is never read as a result."""
+        by the sandbox, what its exit says. The runner's own answer to this process is never read as a result. Its
+        CPU seconds come with that answer: None for a runner killed before it (it may have spun for minutes)."""
         judge_child, runner = pair
         payload = _run_payload(self.cfg, task_path, candidate, kernels, device)
         ran: dict = {}
@@ -585,7 +589,7 @@ class _Evaluation:
                 else {"crash": "the process exited before it answered", "log": ""}
         else:
             stop_child_later(runner)
-        return outcome, _number(ran.get("cpu_s"))
+        return outcome, _number(ran["cpu_s"]) if "cpu_s" in ran else None
 
     def run_queued(self, device: str, workdir: str, candidates: int) -> None:
         """Each candidate gets a fresh runner and judge, set up ahead (no more spares than candidates left to
@@ -609,7 +613,8 @@ class _Evaluation:
             waited = max(0.0, _number(outcome.get("ready_at", sent_at)) - sent_at)  # the judge was still setting up
             result["time_s"] = {"compile": round(build_s, 3), "run": round(time.perf_counter() - run_started, 3),
                                 "wait": round(waited, 3), **times}
-            result["cpu_s"] = {"compile": round(build_cpu_s, 3), "run": round(run_cpu_s, 3)}
+            result["cpu_s"] = {"compile": round(build_cpu_s, 3),
+                               "run": None if run_cpu_s is None else round(run_cpu_s, 3)}
             self.finish(indices, result, started)
         for pair in spares:
             for child in pair:
@@ -649,7 +654,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("input", nargs="?", help="JSONL of candidates (`task`, `code`); `-` for stdin; "
                    "default: the hand-written candidates in solutions/<device>/")
-    p.add_argument("-o", "--output", help="append results here (resuming a run) instead of stdout")
+    p.add_argument("-o", "--output", help="append results here (resuming a run) instead of stdout; one run at a "
+                   "time writes a file")
     add_config_flags(p, EvalConfig)
     return p
 
@@ -688,6 +694,8 @@ def _input_records(source: str | None, cfg: EvalConfig) -> tuple[str, list[dict]
         try:
             resolve_task(str(record["task"]), index)
         except ValueError as e:
+            if not Path(cfg.tasks).exists():  # what is unknown is the folder, not the task
+                raise SystemExit(f"error: --tasks {cfg.tasks}: no such task file or folder") from None
             raise SystemExit(f"error: {source}: record {number}: {e}")
     return source, records
 
@@ -696,11 +704,12 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     cfg = _config(args)
     _, records = _input_records(args.input, cfg)
+    # The demo prints only its table unless asked to keep the records; a pipeline gets them on stdout. OUT is
+    # locked before it is read: what it holds is this run's to go on from.
+    out = open_output(args.output) if args.output else open(os.devnull, "w") if args.input is None else sys.stdout
     done = already_written(args.output, records) if args.output else 0
     if done:
         print(f"resuming: {done} of {len(records)} already in {args.output}", file=sys.stderr)
-    # The demo prints only its table unless asked to keep the records; a pipeline gets them on stdout.
-    out = open(args.output, "a") if args.output else open(os.devnull, "w") if args.input is None else sys.stdout
     pending, written = {}, []
 
     def write_in_order(i: int, result: dict):

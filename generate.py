@@ -477,18 +477,19 @@ def load_tasks(tasks: str, split: str | None) -> list[Task]:
     splits = json.loads(SPLITS.read_text()) if SPLITS.exists() else {}
     if not Path(tasks).exists():
         if tasks not in splits:
-            raise SystemExit(f"--tasks {tasks}: not a task file, a folder or a split ({', '.join(splits) or 'none'})")
+            raise SystemExit(f"error: --tasks {tasks}: not a task file, a folder or a split "
+                             f"({', '.join(splits) or 'none'})")
         tasks, split = str(REPO / "tasks"), split or tasks
     index = index_tasks(tasks)
     if split:
         if split not in splits:
-            raise SystemExit(f"--split {split}: {SPLITS} has only {', '.join(splits) or 'no splits'}")
+            raise SystemExit(f"error: --split {split}: {SPLITS} has only {', '.join(splits) or 'no splits'}")
         missing = [task_id for task_id in splits[split] if task_id not in index]
         if missing:
-            raise SystemExit(f"--split {split}: {len(missing)} tasks not found in {tasks}, e.g. {missing[0]}")
+            raise SystemExit(f"error: --split {split}: {len(missing)} tasks not found in {tasks}, e.g. {missing[0]}")
         index = {task_id: index[task_id] for task_id in splits[split]}
     if not index:
-        raise SystemExit(f"--tasks {tasks}: no task files (a Model class and get_inputs) found")
+        raise SystemExit(f"error: --tasks {tasks}: no task files (a Model class and get_inputs) found")
     return [Task(task_id, path, path.read_text()) for task_id, path in index.items()]
 
 
@@ -658,15 +659,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     for flag in ("n_trajectories", "turns", "max_tokens", "context_budget", "concurrency", "tensor_parallel_size"):
         if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be at least 1")
     if args.temperature <= 0:
-        raise SystemExit(f"--temperature must be positive (replies are sampled; the paper's is 0.9), got "
+        raise SystemExit(f"error: --temperature must be positive (replies are sampled; the paper's is 0.9), got "
                          f"{args.temperature}")
     if args.tasks_per_batch < 0 or args.retries < 0:
-        raise SystemExit("--tasks-per-batch and --retries must not be negative")
+        raise SystemExit("error: --tasks-per-batch and --retries must not be negative")
     if args.gpus is not None:
         if not re.fullmatch(r"\d+(,\d+)*", args.gpus):
-            raise SystemExit(f"--gpus takes comma-separated GPU ids like 0,1 (got {args.gpus!r})")
+            raise SystemExit(f"error: --gpus takes comma-separated GPU ids like 0,1 (got {args.gpus!r})")
         args.gpus = [int(g) for g in args.gpus.split(",")]
     return args
 

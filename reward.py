@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import math
+import signal
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -165,7 +166,7 @@ def read_trajectories(lines: Iterable[str], source: str) -> list[dict]:
             record = json.loads(line)
             check_trajectory(record)
         except ValueError as err:  # json.JSONDecodeError is a ValueError
-            raise SystemExit(f"{source}:{number}: malformed trajectory: {err}") from None
+            raise SystemExit(f"error: {source}:{number}: malformed trajectory: {err}") from None
         trajectories.append(record)
     return trajectories
 
@@ -178,7 +179,7 @@ def load_trajectories(path: str) -> list[dict]:
         with open(path) as f:
             return read_trajectories(f, path)
     except OSError as err:
-        raise SystemExit(f"cannot read {path}: {err.strerror}") from None
+        raise SystemExit(f"error: cannot read {path}: {err.strerror}") from None
 
 
 # ---------------------------------------------------------------- summary
@@ -221,7 +222,7 @@ def add_reward_flags(p: argparse.ArgumentParser) -> None:
 def reward_config(args: argparse.Namespace) -> RewardConfig:
     """The config that the flags of `add_reward_flags` ask for; a gamma outside [0, 1] stops the run."""
     if not 0.0 <= args.gamma <= 1.0:
-        raise SystemExit(f"--gamma must be in [0, 1], got {args.gamma}")
+        raise SystemExit(f"error: --gamma must be in [0, 1], got {args.gamma}")
     return RewardConfig(correct_weight=args.correct_weight, speedup_weight=args.speedup_weight, gamma=args.gamma,
                         return_mode=args.return_mode, group_by=args.group_by)
 
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eps", type=float, default=RewardConfig.eps, help="added to the std before dividing")
     args = p.parse_args(argv)
     if args.eps <= 0:
-        raise SystemExit(f"--eps must be > 0, got {args.eps}")
+        raise SystemExit(f"error: --eps must be > 0, got {args.eps}")
     config = dataclasses.replace(reward_config(args), eps=args.eps)
 
     trajectories = add_rewards(load_trajectories(args.input), config)
@@ -242,5 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.write(json.dumps(trajectory) + "\n")
     print(summary_table(trajectories, config.group_by), file=sys.stderr)
 
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head`: a reader that stops early ends us quietly, as cat
     main()

@@ -105,7 +105,7 @@ def allocations(budget: int, turn_counts: Sequence[int]) -> list[tuple[int, int]
     """(trajectories, turns) pairs that spend exactly `budget` kernels."""
     for t in turn_counts:
         if t < 1 or budget % t:
-            raise SystemExit(f"--budget {budget} is not divisible by a turn count of {t}")
+            raise SystemExit(f"error: --budget {budget} is not divisible by a turn count of {t}")
     return [(budget // t, t) for t in turn_counts]
 
 
@@ -166,9 +166,11 @@ def curves(pools: dict[str, list[list[dict]]], thresholds: Sequence[float],
     curve_k = curve_k or shape["trajectories_min"]
     curve_turns = curve_turns or shape["turns_max"]
     if not 1 <= curve_k <= shape["trajectories_min"]:
-        raise SystemExit(f"--curve-k must be in [1, {shape['trajectories_min']}] (the smallest pool), got {curve_k}")
+        raise SystemExit(f"error: --curve-k must be in [1, {shape['trajectories_min']}] (the smallest pool), "
+                         f"got {curve_k}")
     if not 1 <= curve_turns <= shape["turns_max"]:
-        raise SystemExit(f"--curve-turns must be in [1, {shape['turns_max']}] (the longest trajectory), got {curve_turns}")
+        raise SystemExit(f"error: --curve-turns must be in [1, {shape['turns_max']}] (the longest trajectory), "
+                         f"got {curve_turns}")
     return {
         "vs_turns": {"k": curve_k, "points": [{"turns": t, **pool_metrics(pools, t, curve_k, thresholds)[0]}
                                               for t in range(1, shape["turns_max"] + 1)]},
@@ -221,9 +223,9 @@ def live_report(args: argparse.Namespace) -> dict:
     generate_args = shlex.split(args.generate_args)
     for flag in ("--n-trajectories", "--turns", "--out"):
         if any(a == flag or a.startswith(flag + "=") for a in generate_args):
-            raise SystemExit(f"--generate-args must not set {flag}: scale_test.py sets it per allocation")
+            raise SystemExit(f"error: --generate-args must not set {flag}: scale_test.py sets it per allocation")
     if args.budget % args.beam_width or args.beam_width % args.beam_keep:
-        raise SystemExit("--beam-width must divide --budget and --beam-keep must divide --beam-width")
+        raise SystemExit("error: --beam-width must divide --budget and --beam-keep must divide --beam-width")
     import generate  # torch and transformers load only in live mode
 
     rows, files, pools_by_turns = [], [], {}
@@ -269,7 +271,7 @@ def import_pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("--plot-dir needs matplotlib, which is not installed: pip install matplotlib") from None
+        raise SystemExit("error: --plot-dir needs matplotlib, which is not installed: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
@@ -347,21 +349,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plot-dir", type=Path, default=None, help="write PNG curves here (needs matplotlib)")
     args = p.parse_args(argv)
     if args.budget < 1:
-        raise SystemExit(f"--budget must be >= 1, got {args.budget}")
+        raise SystemExit(f"error: --budget must be >= 1, got {args.budget}")
     if any(t <= 0 for t in args.thresholds):
-        raise SystemExit(f"--thresholds must be > 0, got {args.thresholds}")
+        raise SystemExit(f"error: --thresholds must be > 0, got {args.thresholds}")
+    if args.out_json and args.out_json.is_dir():
+        raise SystemExit(f"error: --out-json {args.out_json} is a folder; give a file, e.g. "
+                         f"{args.out_json / 'scale.json'}")
+    if args.plot_dir and args.plot_dir.is_file():
+        raise SystemExit(f"error: --plot-dir {args.plot_dir} is a file, not a folder")
     if args.plot_dir:
         import_pyplot()  # fail before any work
     if args.live:
         if args.files:
-            raise SystemExit("--live generates its own rollouts: give no trajectory files")
+            raise SystemExit("error: --live generates its own rollouts: give no trajectory files")
         report = live_report(args)
     else:
         if not args.files:
-            raise SystemExit("give one or more trajectory files, or --live")
+            raise SystemExit("error: give one or more trajectory files, or --live")
         trajectories = [t for path in args.files for t in load_trajectories(path)]
         if not trajectories:
-            raise SystemExit("the trajectory files hold no trajectories")
+            raise SystemExit("error: the trajectory files hold no trajectories")
         report = offline_report(group_pools(trajectories), args.budget, args.turns, args.thresholds,
                                 args.curve_k, args.curve_turns)
         report["files"] = args.files

@@ -298,6 +298,8 @@ def previous_run(output_dir: Path, log_path: Path) -> list[Path]:
 def check_inputs(args: argparse.Namespace) -> None:
     """One-line errors before anything is loaded. A fresh run into the output of a previous one is refused:
     the old checkpoints would outlive the new metrics, and a later --resume would mix the two runs."""
+    if Path(args.output_dir).is_file():
+        raise SystemExit(f"error: --output-dir {args.output_dir} is a file, not a folder")
     left = previous_run(Path(args.output_dir), Path(args.log))
     if left and not (args.resume or args.overwrite):
         raise SystemExit(f"error: {', '.join(map(str, left))} from a previous run: pass --resume to continue it, "
@@ -425,16 +427,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("tasks_per_step", "n_trajectories", "turns", "max_tokens", "context_budget", "updates_per_batch",
                  "micro_batch_size", "save_every", "logprob_chunk"):
         if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be at least 1")
     if args.steps is not None and args.steps < 1:
-        raise SystemExit("--steps must be at least 1")
+        raise SystemExit("error: --steps must be at least 1")
     if min(args.eps_low, args.eps_high, args.beta, args.lr, args.warmup_ratio, args.lora_rank) < 0:
-        raise SystemExit("--eps-low, --eps-high, --beta, --lr, --warmup-ratio and --lora-rank must not be negative")
+        raise SystemExit("error: --eps-low, --eps-high, --beta, --lr, --warmup-ratio and --lora-rank must not be "
+                         "negative")
     if args.temperature <= 0 or args.max_grad_norm <= 0:
-        raise SystemExit("--temperature and --max-grad-norm must be positive")
+        raise SystemExit("error: --temperature and --max-grad-norm must be positive")
     args.reward = reward.reward_config(args)
     if args.resume and args.overwrite:
-        raise SystemExit("--resume continues the previous run and --overwrite deletes it: pass one")
+        raise SystemExit("error: --resume continues the previous run and --overwrite deletes it: pass one")
     return args
 
 
@@ -467,10 +470,10 @@ def offline_plan(args: argparse.Namespace, world: int) -> tuple[list[list[list[d
     try:
         turn_samples(trajectories)
     except ValueError as error:
-        raise SystemExit(f"--rollouts {args.rollouts}: {error}") from None
+        raise SystemExit(f"error: --rollouts {args.rollouts}: {error}") from None
     plan = offline_steps(trajectories, args.tasks_per_step)[:args.steps]
     if not plan:
-        raise SystemExit(f"--rollouts {args.rollouts}: no trajectories")
+        raise SystemExit(f"error: --rollouts {args.rollouts}: no trajectories")
     per_rank = max(sum(len(t["turns"]) for group in step[r::world] for t in group)
                    for step in plan for r in range(world))
     return plan, per_rank
@@ -480,9 +483,10 @@ def online_tasks(args: argparse.Namespace, world: int) -> tuple[dict[str, Task],
     """The tasks to roll out on, and the turn-samples one rank rolls out in a step."""
     tasks = {task.id: task for task in load_tasks(args.tasks, args.split)}
     if args.tasks_per_step % world:
-        raise SystemExit(f"--tasks-per-step {args.tasks_per_step} does not divide over {world} processes")
+        raise SystemExit(f"error: --tasks-per-step {args.tasks_per_step} does not divide over {world} processes")
     if args.tasks_per_step > len(tasks):
-        raise SystemExit(f"--tasks-per-step {args.tasks_per_step} but --tasks {args.tasks} has {len(tasks)} tasks")
+        raise SystemExit(f"error: --tasks-per-step {args.tasks_per_step} but --tasks {args.tasks} has "
+                         f"{len(tasks)} tasks")
     return tasks, args.tasks_per_step // world * args.n_trajectories * args.turns
 
 
@@ -498,9 +502,9 @@ def make_accelerator(args: argparse.Namespace, accumulation: int, on_gpu: bool) 
                               project_config=ProjectConfiguration(project_dir=str(output_dir),
                                                                   logging_dir=str(output_dir / "logs")))
     if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
-        raise SystemExit("FSDP 1 is not supported: set fsdp_version: 2 (configs/fsdp.yaml)")
+        raise SystemExit("error: FSDP 1 is not supported: set fsdp_version: 2 (configs/fsdp.yaml)")
     if args.beta > 0 and is_sharded(accelerator):
-        raise SystemExit("--beta > 0 needs a full reference model on every rank: use DDP, not FSDP or ZeRO-3")
+        raise SystemExit("error: --beta > 0 needs a full reference model on every rank: use DDP, not FSDP or ZeRO-3")
     return accelerator
 
 
@@ -600,7 +604,7 @@ def resume(args: argparse.Namespace, run: Run) -> tuple[int, Counter]:
     if args.resume:
         checkpoint = resume_checkpoint(run.output_dir, run.log_path)
         if checkpoint is None:
-            raise SystemExit(f"--resume: no checkpoint in {run.output_dir / 'checkpoints'} (that {run.log_path} "
+            raise SystemExit(f"error: --resume: no checkpoint in {run.output_dir / 'checkpoints'} (that {run.log_path} "
                              "reaches)")
         run.accelerator.load_state(str(checkpoint))
         saved = json.loads((checkpoint / "trainer_state.json").read_text())

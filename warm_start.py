@@ -71,7 +71,7 @@ def split_variant(source: str, name: str) -> tuple[str, str]:
     tree = ast.parse(source)
     summary = ast.get_docstring(tree)
     if not summary:
-        raise SystemExit(f"{name}: a variant needs a docstring (the summary the policy writes after its code)")
+        raise SystemExit(f"error: {name}: a variant needs a docstring (the summary the policy writes after its code)")
     first = tree.body[0]
     code = "\n".join(source.splitlines()[first.end_lineno:]).lstrip("\n")
     return code if code.endswith("\n") else code + "\n", " ".join(summary.split())
@@ -90,7 +90,7 @@ def load_library(folder: Path) -> list[dict]:
         variants.append({"task": record["task"], "variant": record["solution"], "code": code, "summary": summary,
                          "reply": reply_text(code, summary)})
     if not variants:
-        raise SystemExit(f"--library {folder}: no variant files (<level>/<task stem>.<status>_<what>.py)")
+        raise SystemExit(f"error: --library {folder}: no variant files (<level>/<task stem>.<status>_<what>.py)")
     return variants
 
 
@@ -235,14 +235,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.tasks = Path(args.tasks or DEFAULT_TASKS[args.device])
     for flag in ("turns", "paths", "layers", "hidden", "epochs", "batch_size"):
         if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be at least 1")
     if args.hidden % 64:
-        raise SystemExit(f"--hidden must be a multiple of 64 (heads of 64), got {args.hidden}")
+        raise SystemExit(f"error: --hidden must be a multiple of 64 (heads of 64), got {args.hidden}")
     if args.lr <= 0 or args.temperature <= 0 or args.check_samples < 0:
-        raise SystemExit("--lr and --temperature must be positive, --check-samples not negative")
+        raise SystemExit("error: --lr and --temperature must be positive, --check-samples not negative")
     for flag in ("library", "tasks"):
         if not getattr(args, flag).is_dir():
-            raise SystemExit(f"--{flag} {getattr(args, flag)}: not a folder")
+            raise SystemExit(f"error: --{flag} {getattr(args, flag)}: not a folder")
     return args
 
 
@@ -355,7 +355,7 @@ def main(argv=None) -> None:
     tasks = {task.id: task for task in load_tasks(str(args.tasks), None)}
     missing = sorted({v["task"] for v in variants} - set(tasks))
     if missing:
-        raise SystemExit(f"--tasks {args.tasks} has no task {missing[0]} (named by the library's files)")
+        raise SystemExit(f"error: --tasks {args.tasks} has no task {missing[0]} (named by the library's files)")
     if args.turns > 1:
         say(accelerator, f"evaluating the library: {len(variants)} variants on {args.device}")
     judge_library(variants, args.tasks, args.device, args.turns, accelerator)

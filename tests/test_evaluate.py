@@ -261,6 +261,14 @@ def get_init_inputs():
 """
 
 
+def test_a_runner_killed_at_its_timeout_or_by_its_crash_has_its_cpu_time_unknown_not_zero():
+    """A killed runner never says how much CPU it used: after seconds of spinning, 0.0 would be false."""
+    records = [cpu_solution(s) for s in ("timeout_spin", "runtime_error_segfault")]
+    results = ev.evaluate(records, ev.EvalConfig(**{**CPU, "run_timeout_s": 5}))
+    assert [e["status"] for e in results] == ["timeout", "runtime_error"]
+    assert [e["cpu_s"]["run"] for e in results] == [None, None]
+
+
 def test_the_reference_and_the_candidate_run_on_the_configured_number_of_threads(tmp_path):
     """A reference that multiplies by its thread count matches a plain ReLU on one thread, and only there."""
     (tmp_path / "relu_times_threads.py").write_text(THREAD_COUNTING_TASK)
@@ -379,6 +387,23 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, text, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+def test_cli_a_missing_task_folder_is_named_as_such_not_taken_for_an_unknown_task(tmp_path):
+    (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
+    result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", str(tmp_path / "nonexistent"))
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"error: --tasks {tmp_path / 'nonexistent'}: no such task file " \
+                                                     "or folder"
+
+
+def test_cli_device_cuda_without_a_gpu_says_no_gpu_is_visible(tmp_path):
+    (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
+    result = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "--device", "cuda",
+                             "--tasks", CPU["tasks"]], text=True, capture_output=True, cwd=ROOT, timeout=600,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --device cuda, but no CUDA GPU is visible")
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--correct-trials", "0", "correct_trials (--correct-trials) must be at least 1, not 0"),
     ("--timing-trials", "0", "timing_trials (--timing-trials) must be at least 1, not 0"),
@@ -423,6 +448,40 @@ def test_cli_resume_refuses_a_blank_or_garbled_output_line(tmp_path, second, mes
     result = run_cli(str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--device", "cpu",
                      "--tasks", CPU["tasks"])
     assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("output", ["a_folder", "no/such/folder/out.jsonl"])
+def test_cli_an_output_that_cannot_be_written_is_one_clear_line(tmp_path, output):
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
+    result = run_cli(str(tmp_path / "in.jsonl"), "-o", str(tmp_path / output), "--device", "cpu",
+                     "--tasks", CPU["tasks"])
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: cannot write {tmp_path / output}: ")
+
+
+def test_cli_a_second_run_on_the_same_output_is_refused_while_the_first_writes_it(tmp_path):
+    """Two runs appending to one -o file would write every result twice: the second is refused in one line while
+    the first holds the file (here, checking a candidate that spins until its run timeout), and a resume once
+    the first has ended goes on from its results as usual."""
+    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("timeout_spin")) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = [str(tmp_path / "in.jsonl"), "-o", str(out), "--device", "cpu", "--tasks", CPU["tasks"],
+            "--run-timeout-s", "20", "--no-progress"]
+    first = subprocess.Popen([sys.executable, str(ROOT / "evaluate.py"), *args], cwd=ROOT, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 120
+    while not out.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    second = run_cli(*args)
+    _, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr
+    assert second.returncode != 0 and "Traceback" not in second.stderr, second.stderr
+    assert second.stderr.strip().splitlines()[-1] == f"error: {out} is being written by another run; wait for it " \
+                                                     "to end, then run again to resume"
+    again = run_cli(*args)
+    assert again.returncode == 0 and "resuming: 1 of 1" in again.stderr, again.stderr
+    assert [json.loads(line)["eval"]["status"] for line in out.read_text().splitlines()] == ["timeout"]
 
 
 def test_cli_reads_stdin(cpu_results):

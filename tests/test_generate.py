@@ -389,7 +389,7 @@ def test_a_stage_run_before_the_install_says_what_to_install_in_one_line(stage, 
     """python -S: the same interpreter without its site-packages, as on a machine before the README's install."""
     done = subprocess.run([sys.executable, "-S", stage, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.splitlines() == [f"not installed: {missing}. Install first: pip install -r requirements.txt "
+    assert done.stderr.splitlines() == [f"error: not installed: {missing}. Install first: pip install -r requirements.txt "
                                         "(the README's first lines)"]
 
 
@@ -408,6 +408,17 @@ def assert_one_line_error(done: subprocess.CompletedProcess, message: str) -> No
     """Exit status 1 or 2, the message on the last line of stderr, no traceback."""
     assert done.returncode in (1, 2), done.stderr[-2000:]
     assert message in done.stderr.strip().splitlines()[-1] and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("argv", [["generate.py", "--out", "o.jsonl", "--turns", "0"], ["reward.py", "no/such.jsonl"],
+                                  ["scale_test.py"], ["train.py", "--turns", "0"],
+                                  ["warm_start.py", "--out", "o", "--hidden", "65"]])
+def test_every_stage_script_starts_its_one_line_errors_with_error(argv):
+    """As evaluate.py's do, and argparse's (`prog: error: ...`): one word to look for, whichever stage failed (the
+    missing install's line too: above)."""
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert_one_line_error(done, "")
+    assert done.stderr.strip().splitlines()[-1].startswith("error: "), done.stderr
 
 
 @pytest.mark.parametrize("argv, message", [

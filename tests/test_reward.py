@@ -191,8 +191,21 @@ def test_cli_names_the_line_and_turn_of_a_correct_kernel_without_speedup(tmp_pat
 def test_cli_reports_a_missing_file_in_one_line(tmp_path):
     result = run_cli(str(tmp_path / "absent.jsonl"))
     assert result.returncode != 0
-    assert result.stderr.strip().startswith("cannot read")
+    assert result.stderr.strip().startswith("error: cannot read")
     assert "Traceback" not in result.stderr
+
+
+def test_cli_piped_into_a_reader_that_stops_early_exits_quietly(tmp_path):
+    """`python reward.py FILE | head -c 10`: the reader gone, reward.py stops as Unix tools do, without a
+    traceback. Our end of the pipe is closed before it writes, so its first write meets no reader."""
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(json.dumps(TASK_A0) + "\n")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "reward.py"), str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=60) != 0
+    assert stderr == ""
 
 
 def test_cli_help_lists_every_flag():

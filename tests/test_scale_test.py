@@ -255,6 +255,21 @@ def test_live_beam_without_a_gpu_asks_for_cpp_and_evaluates_on_the_cpu_by_defaul
     assert beams and all("cpp_sources` only" in b["turns"][0]["prompt"]["messages"][0]["content"] for b in beams)
 
 
+@pytest.mark.parametrize("flag, taken, message", [("--out-json", "a_folder", "is a folder; give a file"),
+                                                 ("--plot-dir", "a_file", "is a file, not a folder")])
+def test_an_output_of_the_wrong_kind_is_refused_in_one_line_before_any_work(tmp_path, flag, taken, message):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "a_file").write_text("")
+    path = tmp_path / "pool.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in POOL))
+    result = run_cli(str(path), "--budget", "4", "--turns", "2,1", flag, str(tmp_path / taken))
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {flag} {tmp_path / taken} {message}")
+    assert result.stdout == ""
+
+
 def test_live_mode_refuses_generate_flags_it_sets_itself():
     result = run_cli("--live", "--generate-args=--turns 3")
     assert result.returncode != 0
@@ -265,7 +280,7 @@ def test_live_mode_refuses_generate_flags_it_sets_itself():
 def test_offline_cli_without_files_says_what_it_needs():
     result = run_cli()
     assert result.returncode != 0
-    assert result.stderr.strip() == "give one or more trajectory files, or --live"
+    assert result.stderr.strip() == "error: give one or more trajectory files, or --live"
 
 
 def test_offline_cli_names_the_bad_line(tmp_path):

@@ -579,6 +579,14 @@ def test_bad_input_is_a_one_line_error(tmp_path, argv, message):
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
 
 
+def test_an_output_dir_that_is_a_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "taken").write_text("")
+    done = subprocess.run([sys.executable, "train.py", "--output-dir", str(tmp_path / "taken")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"error: --output-dir {tmp_path / 'taken'} is a file, not a folder"
+
+
 def test_trajectories_without_token_ids_are_refused_with_a_reason(tmp_path, rollouts):
     records = [json.loads(line) for line in rollouts.read_text().splitlines()]
     records[0]["turns"][0]["reply"]["token_ids"] = None
