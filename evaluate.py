@@ -70,8 +70,8 @@ from build_cache import BuildCache, compile_extension
 from config_flags import add_config_flags, given_flags
 from eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
 from eval_records import already_written, library_records, open_output, read_records
-from isolation import (finish_child, hidden_from_children, peers, run_in_child, start_child, start_fork_server,
-                       stop_child, stop_child_later, stop_every_child)
+from isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
+                       start_fork_server, stop_child, stop_child_later, stop_every_child)
 from judge import judge
 from run_child import import_file, run
 from static_rules import (FENCE, RULES, extract_code, kernel_names, rejection,  # noqa: F401 (FENCE: generate.py's)
@@ -573,7 +573,7 @@ class _Evaluation:
                         device: str) -> tuple[dict, float | None]:
         """(the verdict, the runner's CPU seconds): the judge's, or where the runner died, timed out or was killed
         by the sandbox, what its exit says. The runner's own answer to this process is never read as a result. Its
-        CPU seconds come with that answer: None for a runner killed before it (it may have spun for minutes)."""
+        CPU seconds are read from /proc as the judge ends, before it is stopped (None for one gone by then)."""
         judge_child, runner = pair
         payload = _run_payload(self.cfg, task_path, candidate, kernels, device)
         ran: dict = {}
@@ -581,6 +581,7 @@ class _Evaluation:
             runner, payload, self.cfg.run_timeout_s, serve=self.cache.request)), daemon=True)
         serving.start()
         outcome = finish_child(judge_child, {**payload, "runner_pid": runner[0].pid}, self.cfg.run_timeout_s)
+        cpu_s = cpu_seconds(runner[0].pid)
         if outcome.get("timeout"):  # the judge waited on a runner that never answered
             stop_child(runner)
         elif outcome.get("runner_gone"):  # what the runner's exit says, or its own last word (it can only fail)
@@ -589,7 +590,7 @@ class _Evaluation:
                 else {"crash": "the process exited before it answered", "log": ""}
         else:
             stop_child_later(runner)
-        return outcome, _number(ran["cpu_s"]) if "cpu_s" in ran else None
+        return outcome, cpu_s
 
     def run_queued(self, device: str, workdir: str, candidates: int) -> None:
         """Each candidate gets a fresh runner and judge, set up ahead (no more spares than candidates left to

@@ -218,6 +218,17 @@ def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None) ->
     return {"crash": describe_exit(child.exitcode), "signal": killed_by, "log": tail_of_log(log_path)}
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time of a process that has not been reaped yet (all its threads, exited ones included), read by
+    its parent from /proc: what a child says of itself is not needed, nor its answer. None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop_child(started: tuple) -> None:
     """Kill a child and anything it started (ninja, nvcc), e.g. one started ahead and not needed, and
     remove its private folder."""

@@ -162,7 +162,7 @@ def run_evaluator(records: list[dict], cfg: ev.EvalConfig) -> dict:
     distinct = list({(r["task"], r["code"]): e for r, e in zip(records, results)}.values())  # duplicates share one
     built = [e for e in distinct if e["time_s"].get("compile", 0) > 0]
     cpu = {"compile": sum(e.get("cpu_s", {}).get("compile", 0) for e in distinct),
-           "check and time": sum(e.get("cpu_s", {}).get("run", 0) for e in distinct)}
+           "check and time": sum(e.get("cpu_s", {}).get("run") or 0 for e in distinct)}
     return {"wall_s": wall, "results": results, "build_s": [e["time_s"]["compile"] for e in built],
             "cpu_s_per_kernel": {phase: s / len(records) for phase, s in cpu.items()},
             "run_s_per_kernel": {p: sum(e["time_s"].get(p, 0) for e in distinct) / len(records)
