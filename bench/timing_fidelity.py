@@ -30,12 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def clean_times(task: str, candidate: str, device: str, calls: int) -> dict:
-    """In this (fresh) process: the median milliseconds of the reference and the candidate, called in turn."""
+def clean_times(task: str, candidate: str, device: str, calls: int, threads: int) -> dict:
+    """In this (fresh) process: the median milliseconds of the reference and the candidate, called in turn, torch
+    on as many threads as the evaluator gives it."""
     import torch
 
     from run_child import import_file
 
+    torch.set_num_threads(threads)
     module, new = import_file(task, "task"), import_file(candidate, "candidate")
     dev = torch.device(device)
     torch.manual_seed(42)
@@ -70,13 +72,14 @@ def clean_times(task: str, candidate: str, device: str, calls: int) -> dict:
     return {name: statistics.median(ms) for name, ms in times.items()}
 
 
-def clean(record: dict, device: str, calls: int, extensions: str) -> dict:
+def clean(record: dict, device: str, calls: int, threads: int, extensions: str) -> dict:
     """clean_times in a bare process of its own (its extension built into `extensions`, shared by all)."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(record["code"])
     try:
-        done = subprocess.run([sys.executable, __file__, "--clean", record["task_path"], f.name, "--device", device,
-                               "--calls", str(calls)], capture_output=True, text=True, timeout=900,
+        command = [sys.executable, __file__, "--clean", record["task_path"], f.name, "--device", device,
+                   "--calls", str(calls), "--threads", str(threads)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900,
                               env={**os.environ, "TORCH_EXTENSIONS_DIR": extensions})
     finally:
         os.unlink(f.name)
@@ -93,17 +96,20 @@ def main():
                    help="more candidate folders (default: tests/adversarial/<device>, whose honest twins are timed "
                         "too and whose tricks fill the batch)")
     p.add_argument("--out", help="write every number to this JSON file")
+    p.add_argument("--threads", type=int, default=None, help="torch's threads in the clean measurement (default: "
+                   "the evaluator's --cpu-threads)")
     p.add_argument("--clean", nargs=2, metavar=("TASK", "CANDIDATE"), help=argparse.SUPPRESS)  # one bare process
     args = p.parse_args()
     if args.clean:
-        print(json.dumps(clean_times(*args.clean, args.device, args.calls)))
+        print(json.dumps(clean_times(*args.clean, args.device, args.calls, args.threads)))
         return
 
     import evaluate as ev
     from eval_records import with_tasks_from
 
     kind, gpus = ev.resolve_device(ev.EvalConfig(device=args.device))
-    tasks = ev.load_tasks(ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
+    task_folder = str(ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
+    tasks, threads = ev.load_tasks(task_folder), args.threads or ev.EvalConfig().cpu_threads
     folders = [ROOT / "solutions" / kind] + [Path(f) for f in (args.extra if args.extra is not None
                                                                  else [ROOT / "tests" / "adversarial" / kind])]
     everything = [r for folder in folders
@@ -117,9 +123,10 @@ def main():
 
     with tempfile.TemporaryDirectory() as extensions:
         with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:  # build each extension once, in parallel
-            list(pool.map(lambda r: clean(r, device, 1, extensions), honest))
-        cleaned = [clean(r, device, args.calls, extensions) for r in honest]  # then timed one at a time
-    cfg = ev.EvalConfig(device=kind, gpus=[int(device.split(":")[1])] if kind == "cuda" else None, progress=False)
+            list(pool.map(lambda r: clean(r, device, 1, threads, extensions), honest))
+        cleaned = [clean(r, device, args.calls, threads, extensions) for r in honest]  # then timed one at a time
+    cfg = ev.EvalConfig(device=kind, tasks=task_folder, gpus=[int(device.split(":")[1])] if kind == "cuda" else None,
+                        cpu_threads=threads, progress=False)
     alone = ev.evaluate(honest, cfg)
     batch = {id(r): e for r, e in zip(everything, ev.evaluate(everything, cfg))}
     rows = []

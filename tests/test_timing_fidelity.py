@@ -10,7 +10,7 @@ import timing_fidelity as tf  # noqa: E402
 
 def test_the_clean_measurement_times_both_models_of_a_real_candidate():
     times = tf.clean_times(str(ROOT / "tests" / "tasks" / "level1" / "7_ReLU.py"),
-                           str(ROOT / "solutions" / "cpu" / "level1" / "7_ReLU.correct_loop.py"), "cpu", 5)
+                           str(ROOT / "solutions" / "cpu" / "level1" / "7_ReLU.correct_loop.py"), "cpu", 5, 1)
     assert set(times) == {"reference", "candidate"}
     assert all(0 < ms < 1000 for ms in times.values()), times
 
