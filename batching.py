@@ -14,7 +14,7 @@ import torch
 class Sample:
     prompt_ids: list[int]
     reply_ids: list[int]
-    old_logprobs: list[float] | None  # sampling log-probs of the reply tokens; None: take the policy's
+    old_logprobs: list[float] | None  # sampling log-probs of the reply tokens; None: the trainer's stand in
     advantage: float
     trainer_logprobs: list[float] | None = None  # the trainer's own before the update (train.py's first pass)
 

@@ -778,7 +778,7 @@ def gpu_gib(tensors) -> float:
 
 
 def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], constant: float):
-    """(loss, its statistics in STEP_TOTALS' order but "dropped") of one micro-batch. Samples without sampling
+    """(loss, its statistics: STEP_TOTALS but the last, in that order) of one micro-batch. Samples without sampling
     log-probs, and with --is-correction all, keep the trainer's log-probs of this first pass, so later updates
     see the pre-update policy as old."""
     device = run.accelerator.device
