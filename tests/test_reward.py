@@ -231,5 +231,6 @@ def test_cli_reports_a_missing_file_in_one_line(tmp_path):
 def test_cli_help_lists_every_flag():
     result = run_cli("--help")
     assert result.returncode == 0
-    for flag in ("--gamma", "--return-mode", "--correct-weight", "--speedup-weight", "--group-by", "--baseline", "--eps"):
+    for flag in ("--gamma", "--return-mode", "--correct-weight", "--speedup-weight", "--group-by", "--baseline",
+                 "--eps"):
         assert flag in result.stdout
