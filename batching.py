@@ -14,8 +14,9 @@ import torch
 class Sample:
     prompt_ids: list[int]
     reply_ids: list[int]
-    old_logprobs: list[float] | None  # sampling log-probs of the reply tokens; None: take the policy's
+    old_logprobs: list[float] | None  # sampling log-probs of the reply tokens; None: the trainer's stand in
     advantage: float
+    trainer_logprobs: list[float] | None = None  # the trainer's own before the update (train.py's first pass)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -42,6 +43,7 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     attention_mask = torch.zeros((len(samples), length), dtype=torch.long)
     reply_mask = torch.zeros((len(samples), width), dtype=torch.bool)
     old_logprobs = torch.full((len(samples), width), float("nan"))
+    trainer_logprobs = torch.full((len(samples), width), float("nan"))
     for i, s in enumerate(samples):
         ids = s.prompt_ids + s.reply_ids
         input_ids[i, length - len(ids):] = torch.tensor(ids)
@@ -50,9 +52,11 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
             reply_mask[i, width - len(s.reply_ids):] = True
             if s.old_logprobs is not None:
                 old_logprobs[i, width - len(s.reply_ids):] = torch.tensor(s.old_logprobs)
+            if s.trainer_logprobs is not None:
+                trainer_logprobs[i, width - len(s.reply_ids):] = torch.tensor(s.trainer_logprobs)
     return {"input_ids": input_ids, "attention_mask": attention_mask,
             "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0), "targets": input_ids[:, length - width:],
-            "reply_mask": reply_mask, "old_logprobs": old_logprobs,
+            "reply_mask": reply_mask, "old_logprobs": old_logprobs, "trainer_logprobs": trainer_logprobs,
             "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
 
 

@@ -4,7 +4,8 @@ Reads trajectories written by generate.py and adds three floats to every turn:
   score      s = correct_weight * 1{correct} + speedup_weight * speedup * 1{correct}
   return     R_t = sum_{i>=t} gamma^(i-t) s_i           (--return-mode sum, the paper's choice)
              R_t = max_{i>=t} gamma^(i-t) s_i           (--return-mode max, the paper's alternative)
-  advantage  (R - mean) / (std + eps) over a group of turn-samples
+  advantage  (R - mean) / (std + eps) over a group of turn-samples  (--baseline group, the paper's)
+             R - mean of the group's other returns                  (--baseline leave-one-out)
 
 Paper defaults: correct_weight 0.3, speedup_weight 1.0 (speedup over PyTorch eager, no clipping),
 gamma 0.4 with the discounted sum, advantages normalised over all of a task's turn-samples
@@ -16,6 +17,10 @@ Run:
   cat rollouts.jsonl | python reward.py - --return-mode max --gamma 0.8 > rewarded.jsonl
 
 Turns are numbered from 1 in tables and errors, as generate.py numbers them in its records.
+
+The leave-one-out baseline (TRLOO, Dr. Kernel, arXiv 2602.05885) keeps a sample's own return out of its
+baseline: the group mean holds it, which shrinks a group's expected gradient by (n - 1) / n, unevenly when
+groups differ in size. Like RLOO it does not divide by the std. Dr. Kernel takes it per turn: --group-by task-turn.
 
 Simplifications: a turn's position in its "turns" list is its turn index; trajectories of one task
 may have different numbers of turns and are pooled as they are. A group whose returns are all equal
@@ -34,6 +39,7 @@ from typing import Iterable
 
 RETURN_MODES = ("sum", "max")
 GROUP_BY = ("task", "task-turn", "trajectory")
+BASELINES = ("group", "leave-one-out")
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,8 @@ class RewardConfig:
     """discounted sum or discounted max of later scores"""
     group_by: str = "task"
     """advantage groups: all of a task's turn-samples, a task's samples at one turn, or one trajectory"""
+    baseline: str = "group"
+    """group: (R - mean) / std of the group; leave-one-out: R - mean of the group's other returns"""
     eps: float = 1e-6
     """added to the std before dividing"""
 
@@ -96,6 +104,14 @@ def normalise(returns: list[float], eps: float = RewardConfig.eps) -> list[float
     return [(r - mean) / (std + eps) for r in returns]
 
 
+def leave_one_out(returns: list[float]) -> list[float]:
+    """R_i - mean of the other returns: a baseline that does not hold the sample itself (RLOO, no std)."""
+    if max(returns, default=0.0) == min(returns, default=0.0):  # exact zeros; a lone sample has no baseline
+        return [0.0] * len(returns)
+    total, others = sum(returns), len(returns) - 1
+    return [r - (total - r) / others for r in returns]
+
+
 def group_key(trajectory_index: int, task: str, turn: int, group_by: str) -> tuple:
     """Which advantage group a turn-sample falls in."""
     if group_by == "task":
@@ -131,10 +147,22 @@ def add_rewards(trajectories: list[dict], config: RewardConfig = RewardConfig())
         for t in range(len(turns)):
             groups[group_key(i, trajectory["task"], t, config.group_by)].append((i, t))
     for members in groups.values():
-        advantages = normalise([out[i]["turns"][t]["return"] for i, t in members], config.eps)
+        returns = [out[i]["turns"][t]["return"] for i, t in members]
+        advantages = normalise(returns, config.eps) if config.baseline == "group" else leave_one_out(returns)
         for (i, t), advantage in zip(members, advantages):
             out[i]["turns"][t]["advantage"] = advantage
     return out
+
+
+def drop_zero_advantage_groups(trajectories: list[dict], group_by: str) -> list[dict]:
+    """Copies without the turns of groups whose advantages are all 0: they add no gradient, only compute
+    (DAPO's dynamic sampling, without drawing new groups to refill the batch)."""
+    keys = [[group_key(i, trajectory["task"], t, group_by) for t in range(len(trajectory["turns"]))]
+            for i, trajectory in enumerate(trajectories)]
+    informative = {key for trajectory, row in zip(trajectories, keys)
+                   for turn, key in zip(trajectory["turns"], row) if turn["advantage"] != 0}
+    return [{**trajectory, "turns": [turn for turn, key in zip(trajectory["turns"], row) if key in informative]}
+            for trajectory, row in zip(trajectories, keys)]
 
 
 # ---------------------------------------------------------------- input
@@ -217,6 +245,9 @@ def add_reward_flags(p: argparse.ArgumentParser) -> None:
                    help="score per unit of speedup over eager, correct kernels only")
     p.add_argument("--group-by", choices=GROUP_BY, default=defaults.group_by,
                    help="advantage groups: all of a task's turn-samples, a task's samples at one turn, or one trajectory")
+    p.add_argument("--baseline", choices=BASELINES, default=defaults.baseline,
+                   help="group: (R - mean) / std over the group (the paper's); leave-one-out: R - mean of the group's "
+                        "other returns, no std (TRLOO, Dr. Kernel; with --group-by task-turn as there)")
 
 
 def reward_config(args: argparse.Namespace) -> RewardConfig:
@@ -224,7 +255,7 @@ def reward_config(args: argparse.Namespace) -> RewardConfig:
     if not 0.0 <= args.gamma <= 1.0:
         raise SystemExit(f"error: --gamma must be in [0, 1], got {args.gamma}")
     return RewardConfig(correct_weight=args.correct_weight, speedup_weight=args.speedup_weight, gamma=args.gamma,
-                        return_mode=args.return_mode, group_by=args.group_by)
+                        return_mode=args.return_mode, group_by=args.group_by, baseline=args.baseline)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,12 @@ and only reply tokens are in the loss:
   token  l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)  (+ beta * KL(pi || pi_ref), k3 estimator)
   loss   L = sum of l over every reply token / (--max-tokens x number of samples)
 
+Beyond the paper, each off by default (README: when to switch them on): --baseline leave-one-out (reward.py);
+--filter-zero-std drops groups whose advantages are all 0 before the update; --mask-truncated gives replies cut
+at --max-tokens no loss; --is-correction takes the ratio against the trainer's own log-probs and weights each
+token by pi_trainer / pi_sampler, truncated or masked at --is-cap (TRL's vllm_importance_sampling_correction).
+With sampling log-probs the step's metrics carry the sampler/trainer mismatch (mismatch/*) whatever the flag.
+
 Paper defaults (Kevin, arXiv 2507.11948): 8 tasks x 16 trajectories x 4 turns = 512 samples a step,
 temperature 0.9, clip-higher with eps_low 0.2 and eps_high 0.28, no KL, lr 2e-6 constant after a
 linear warm-up over 3% of the gradient steps, grad norm clipped at 0.05, 2 gradient steps per batch,
@@ -36,10 +42,11 @@ it (from the latest checkpoint the metrics log reaches, the log cut back to it) 
 Simplifications, said out loud:
 - Old policy = sampling policy: both gradient steps of a batch take the ratio against the log-probs
   recorded while sampling (the first step is on-policy, the second off-policy by one update). A file
-  without log-probs (--rollouts) uses the policy's own before the first update.
+  without log-probs (--rollouts) uses the policy's own before the first update, as --is-correction does.
 - Each rank rolls out and evaluates whole tasks (--tasks-per-step must divide by the number of
   processes), so advantages, normalised within a task, need nothing from other ranks.
-- Every sample is forwarded, also those with advantage 0 (they add no gradient but do add entropy).
+- Every sample is forwarded, also those with advantage 0 (they add no gradient but do add entropy), unless
+  --filter-zero-std; then the loss's normaliser counts the samples kept, as if the batch had been refilled.
 - The reference model (--beta > 0) is a full, unsharded copy on every rank.
 - --backend vllm keeps one vLLM engine beside the policy in every process (tensor parallel size 1); it
   sleeps (on a GPU) whenever it is not generating. --backend vllm-server generates through a vLLM server
@@ -106,6 +113,26 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
+IS_MODES = ("off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+
+
+def importance_weights(trainer: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, mode: str,
+                       cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token weight pi_trainer / pi_sampler of the sampled tokens, and where it passes `cap`.
+
+    The sampler (vLLM: other kernels, bf16) draws tokens from a slightly different distribution than the
+    trainer scores; the weight corrects for it, capped so a rare token cannot blow up the step: per token or one
+    per sequence (the product over its tokens), clipped at the cap (truncate) or zeroed beyond it (mask). "off"
+    measures per token and clips."""
+    log_ratio = torch.where(mask, trainer - sampler, 0.0)
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
+    ratio = torch.exp(log_ratio)
+    over = ratio > cap
+    weights = torch.where(over, 0.0, ratio) if mode.endswith("mask") else ratio.clamp(max=cap)
+    return weights, over & mask
+
+
 def constant_normalised_sum(token_losses: torch.Tensor, mask: torch.Tensor, constant: float) -> torch.Tensor:
     """Dr. GRPO: the sum over masked tokens divided by a constant, so no reply's tokens weigh more for being short."""
     return torch.where(mask, token_losses, 0.0).sum() / constant
@@ -135,6 +162,13 @@ def turn_samples(trajectories: list[dict]) -> list[Sample]:
     return samples
 
 
+def drop_truncated(trajectories: list[dict], max_tokens: int) -> list[dict]:
+    """Copies without the turns whose reply reached --max-tokens: a reply cut off is no sample of what the
+    policy would have written, and its score says nothing of its tokens (DAPO's overlong filtering)."""
+    return [{**record, "turns": [turn for turn in record["turns"] if len(turn["reply"]["token_ids"]) < max_tokens]}
+            for record in trajectories]
+
+
 def micro_batches(samples: list[Sample], size: int, count: int) -> list[list[Sample]]:
     """Exactly `count` micro-batches of at most `size` samples, similar lengths together (less padding).
 
@@ -147,15 +181,27 @@ def micro_batches(samples: list[Sample], size: int, count: int) -> list[list[Sam
 
 
 def grpo_loss(model, batch: dict[str, torch.Tensor], temperature: float, eps_low: float, eps_high: float,
-              constant: float, beta: float = 0.0, ref_model=None):
-    """(loss, token statistics, old log-probs used) for one micro-batch; positions without a recorded
-    sampling log-prob take the policy's own, detached (ratio 1). The models' output layers are LogprobHeads
+              constant: float, beta: float = 0.0, ref_model=None, is_correction: str = "off", is_cap: float = 3.0):
+    """(loss, token statistics, the trainer's log-probs before the update) for one micro-batch.
+
+    The trainer's are batch["trainer_logprobs"] where an earlier pass recorded them, else the policy's own,
+    detached. The old log-probs of the ratio are the sampler's where recorded (the paper's), the trainer's
+    elsewhere and with an --is-correction, which then weights each token's loss (importance_weights). The
+    mismatch statistics cover the tokens with sampling log-probs. The models' output layers are LogprobHeads
     (batching.put_logprob_head): no micro-batch's whole logits are ever built."""
     logprobs, entropy = reply_logprobs(model, batch, temperature)
     mask = batch["reply_mask"]
-    old = torch.where(batch["old_logprobs"].isnan(), logprobs.detach(), batch["old_logprobs"])
+    trainer = torch.where(batch["trainer_logprobs"].isnan(), logprobs.detach(), batch["trainer_logprobs"])
+    sampled = mask & ~batch["old_logprobs"].isnan()
+    sampler = torch.where(sampled, batch["old_logprobs"], trainer)
+    old = sampler if is_correction == "off" else trainer
     token_loss, clipped = clipped_surrogate(logprobs, old, batch["advantages"][:, None], eps_low, eps_high)
-    stats = {}
+    weights, over_cap = importance_weights(trainer, sampler, mask, is_correction, is_cap)
+    if is_correction != "off":
+        token_loss = token_loss * weights
+    stats = {"sampled": sampled.sum(), "logprob_diff": torch.where(sampled, (trainer - sampler).abs(), 0.0).sum(),
+             "mismatch_kl": torch.where(sampled, kl_k3(sampler, trainer), 0.0).sum(),
+             "over_cap": (over_cap & sampled).sum()}
     if beta > 0:
         with torch.no_grad():
             ref, _ = reply_logprobs(ref_model, batch, temperature)
@@ -165,7 +211,7 @@ def grpo_loss(model, batch: dict[str, torch.Tensor], temperature: float, eps_low
     loss = constant_normalised_sum(token_loss, mask, constant)
     with torch.no_grad():  # sums under the mask, not of x[mask]: that waits for the GPU to learn its size
         stats.update(tokens=mask.sum(), clipped=(clipped & mask).sum(), entropy=torch.where(mask, entropy, 0.0).sum())
-    return loss, stats, old
+    return loss, stats, trainer
 
 
 def idle_loss(model, pad_id: int, device) -> torch.Tensor:
@@ -405,6 +451,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-grad-norm", type=float, default=0.05, help="clip the gradient's global norm to this")
     p.add_argument("--micro-batch-size", type=int, default=4,
                    help="samples per forward/backward pass; gradients accumulate over a rank's whole batch")
+    # beyond the paper: each off by default (README: when to switch it on); --baseline is among the reward flags
+    p.add_argument("--filter-zero-std", action="store_true",
+                   help="drop the groups whose advantages are all 0 before the update (no gradient, only compute); "
+                        "the loss's normaliser then counts the samples kept (DAPO's dynamic sampling, no refill)")
+    p.add_argument("--mask-truncated", action="store_true",
+                   help="replies that reached --max-tokens get no loss; they still count in the normaliser")
+    p.add_argument("--is-correction", choices=IS_MODES, default="off",
+                   help="correct the sampler/trainer mismatch (TRL's vllm_importance_sampling_correction): the ratio "
+                        "against the trainer's own log-probs, each token's loss weighted by pi_trainer / pi_sampler, "
+                        "per token or per sequence, clipped at --is-cap (truncate) or zeroed beyond it (mask)")
+    p.add_argument("--is-cap", type=float, default=3.0, help="cap of the importance weight (TRL's default, 3)")
     # run
     p.add_argument("--seed", type=int, default=0, help="seed of task picking, sampling and initialisation")
     p.add_argument("--output-dir", default=str(REPO / "runs" / "train"), help="checkpoints and the final model go here")
@@ -433,8 +490,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if min(args.eps_low, args.eps_high, args.beta, args.lr, args.warmup_ratio, args.lora_rank) < 0:
         raise SystemExit("error: --eps-low, --eps-high, --beta, --lr, --warmup-ratio and --lora-rank must not be "
                          "negative")
-    if args.temperature <= 0 or args.max_grad_norm <= 0:
-        raise SystemExit("error: --temperature and --max-grad-norm must be positive")
+    if min(args.temperature, args.max_grad_norm, args.is_cap) <= 0:
+        raise SystemExit("error: --temperature, --max-grad-norm and --is-cap must be positive")
     args.reward = reward.reward_config(args)
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the previous run and --overwrite deletes it: pass one")
@@ -649,20 +706,34 @@ def roll_out(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
                     picked)
 
 
+LOSS_TOTALS = ("loss", "tokens", "clipped", "entropy", "kl")  # summed over every update's micro-batches
+MISMATCH_TOTALS = ("sampled", "logprob_diff", "mismatch_kl", "over_cap")  # the first update's: the sampling policy
+STEP_TOTALS = (*LOSS_TOTALS, *MISMATCH_TOTALS, "dropped")  # what update() returns, in this order
+
+
 def update(args: argparse.Namespace, run: Run, step: int,
            rollouts: Rollouts) -> tuple[torch.Tensor, list[float], float, dict[str, float]]:
-    """--updates-per-batch gradient steps on the rollouts: (this rank's summed loss, tokens, clipped, entropy
-    and kl; the gradient norm of each step; the last learning rate; what this rank's GPU memory held)."""
+    """--updates-per-batch gradient steps on the rollouts: (this rank's STEP_TOTALS; the gradient norm of each
+    step; the last learning rate; what this rank's GPU memory held)."""
     accelerator, model = run.accelerator, run.model
     on_gpu = accelerator.device.type == "cuda"
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
         before, gradients = torch.cuda.memory_allocated() / 2**30, 0.0
-    samples = turn_samples(rollouts.trajectories)
+    trajectories, kept = rollouts.trajectories, rollouts.samples
+    totals = torch.zeros(len(STEP_TOTALS), device=accelerator.device)
+    if args.filter_zero_std:
+        trajectories = reward.drop_zero_advantage_groups(trajectories, args.reward.group_by)
+        dropped = sum(len(r["turns"]) for r in rollouts.trajectories) - sum(len(r["turns"]) for r in trajectories)
+        totals[-1] = dropped
+        kept -= sum(gather_object([dropped]))
+    if args.mask_truncated:  # masked, not dropped: they still count in the normaliser
+        trajectories = drop_truncated(trajectories, args.max_tokens)
+    samples = turn_samples(trajectories)
     # DDP averages over ranks: the global sum / (max tokens x samples)
-    constant = args.max_tokens * rollouts.samples / accelerator.num_processes
+    constant = args.max_tokens * max(kept, 1) / accelerator.num_processes
     chunks = micro_batches(samples, args.micro_batch_size, run.accumulation)
-    totals = torch.zeros(5, device=accelerator.device)  # loss, tokens, clipped, entropy, kl
+    losses, mismatch = slice(0, len(LOSS_TOTALS)), slice(len(LOSS_TOTALS), len(STEP_TOTALS) - 1)
     grad_norms = []
     for update_index in range(args.updates_per_batch):
         lr = learning_rate(step * args.updates_per_batch + update_index, run.steps * args.updates_per_batch, args.lr,
@@ -673,7 +744,9 @@ def update(args: argparse.Namespace, run: Run, step: int,
             with accelerator.accumulate(model):
                 if chunk:
                     loss, stats = micro_batch_loss(args, run, chunk, constant)
-                    totals += stats
+                    totals[losses] += stats[losses]
+                    if update_index == 0:  # later updates score with a policy that has moved
+                        totals[mismatch] += stats[mismatch]
                 else:
                     loss = idle_loss(model, run.pad_id, accelerator.device)
                 # accelerate divides by the accumulation steps; the loss is already normalised
@@ -709,20 +782,22 @@ def gpu_gib(tensors) -> float:
 
 
 def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], constant: float):
-    """(loss, [loss, tokens, clipped, entropy, kl]) of one micro-batch. Samples without sampling log-probs
-    keep the policy's from this first pass, so later updates see the pre-update policy as old."""
+    """(loss, its statistics: STEP_TOTALS but the last, in that order) of one micro-batch. Samples without sampling
+    log-probs, and with --is-correction all, keep the trainer's log-probs of this first pass, so later updates
+    see the pre-update policy as old."""
     device = run.accelerator.device
     # from pinned memory without waiting: a copy from pageable memory first waits for the GPU to finish its queue
     batch = {k: v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v.to(device)
              for k, v in collate(chunk, run.pad_id).items()}
-    loss, stats, old = grpo_loss(run.model, batch, args.temperature, args.eps_low, args.eps_high, constant, args.beta,
-                                 run.ref_model)
-    if any(sample.old_logprobs is None for sample in chunk):  # copying them to the host waits for the GPU
-        for sample, row, keep in zip(chunk, old.tolist(), batch["reply_mask"].tolist()):
-            if sample.old_logprobs is None:
-                sample.old_logprobs = [lp for lp, k in zip(row, keep) if k]
-    return loss, torch.stack([loss.detach(), stats["tokens"], stats["clipped"], stats["entropy"],
-                              stats.get("kl", torch.zeros((), device=loss.device))]).float()
+    loss, stats, trainer = grpo_loss(run.model, batch, args.temperature, args.eps_low, args.eps_high, constant,
+                                     args.beta, run.ref_model, args.is_correction, args.is_cap)
+    keep = [s.trainer_logprobs is None and (args.is_correction != "off" or s.old_logprobs is None) for s in chunk]
+    if any(keep):  # copying them to the host waits for the GPU
+        for sample, row, mask, k in zip(chunk, trainer.tolist(), batch["reply_mask"].tolist(), keep):
+            if k:
+                sample.trainer_logprobs = [lp for lp, m in zip(row, mask) if m]
+    stats.update(loss=loss.detach(), kl=stats.get("kl", torch.zeros((), device=loss.device)))
+    return loss, torch.stack([stats[name] for name in STEP_TOTALS[:-1]]).float()
 
 
 def log_step(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts, totals: torch.Tensor,
@@ -734,15 +809,20 @@ def log_step(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts, 
     rows = gather_object(rollout_rows(rollouts.trajectories))
     checksums = gather_object([parameter_checksum(run.model)])
     placement = gather_object([{"device": str(accelerator.device), "eval_gpus": run.eval_config.gpus}])
-    totals = accelerator.reduce(totals, "sum").tolist()
+    totals = dict(zip(STEP_TOTALS, accelerator.reduce(totals, "sum").tolist()))
     first_words.update(r["first_word"] for r in rows)
     usual = first_words.most_common(1)[0][0]
-    tokens = max(totals[1], 1.0)
+    tokens = max(totals["tokens"], 1.0)
     metrics = {**rollout_metrics(rows, usual, args.max_tokens),
-               "train/loss": totals[0] / (world * args.updates_per_batch),
-               "train/clip_ratio": totals[2] / tokens, "train/entropy": totals[3] / tokens,
-               "train/kl": totals[4] / tokens, "train/grad_norm": sum(grad_norms) / len(grad_norms),
+               "train/loss": totals["loss"] / (world * args.updates_per_batch),
+               "train/clip_ratio": totals["clipped"] / tokens, "train/entropy": totals["entropy"] / tokens,
+               "train/kl": totals["kl"] / tokens, "train/grad_norm": sum(grad_norms) / len(grad_norms),
+               "train/zero_std_dropped": totals["dropped"] / rollouts.samples,
                "train/lr": lr, "time/rollout_s": seconds["rollout"], "time/update_s": seconds["update"], **memory}
+    if totals["sampled"]:  # sampler against trainer before the update, over the tokens with sampling log-probs
+        metrics.update({"mismatch/abs_logprob_diff": totals["logprob_diff"] / totals["sampled"],
+                        "mismatch/kl": totals["mismatch_kl"] / totals["sampled"],
+                        "mismatch/over_cap": totals["over_cap"] / totals["sampled"]})
     accelerator.log(metrics, step=step + 1)
     if accelerator.is_main_process:
         with run.log_path.open("a") as f:

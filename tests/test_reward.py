@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reward import RewardConfig, add_rewards, discounted_returns, normalise, turn_score
+from reward import (RewardConfig, add_rewards, discounted_returns, drop_zero_advantage_groups, leave_one_out, normalise,
+                    turn_score)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,6 +124,38 @@ def test_group_by_trajectory_normalises_within_each_trajectory():
     assert advantages(out) == [pytest.approx([-half, half]), [0.0], [0.0, 0.0]]
 
 
+def test_leave_one_out_subtracts_the_mean_of_the_other_returns():
+    # 1 - (2 + 3) / 2, 2 - (1 + 3) / 2, 3 - (1 + 2) / 2
+    assert leave_one_out([1.0, 2.0, 3.0]) == [-1.5, 0.0, 1.5]
+    assert leave_one_out([0.0, 4.0]) == [-4.0, 4.0]  # no std: the returns' own scale
+
+
+def test_leave_one_out_gives_exact_zeros_to_equal_returns_and_to_a_lone_sample():
+    assert leave_one_out([0.1, 0.1, 0.1]) == [0.0, 0.0, 0.0]  # (0.3 - 0.1) / 2 would round to 0.10000000000000002
+    assert leave_one_out([7.0]) == [0.0]
+
+
+def test_leave_one_out_baseline_uses_the_groups_of_group_by():
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, baseline="leave-one-out"))
+    # task A returns [1, 2] and [1]: 1 - (2 + 1) / 2, 2 - (1 + 1) / 2, 1 - (1 + 2) / 2; task B all zero
+    assert advantages(out) == [[-0.5, 1.0], [-0.5], [0.0, 0.0]]
+    # per task and turn (Dr. Kernel's TRLOO): A turn 1 returns [1, 1], A turn 2 a lone sample, B zero
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, baseline="leave-one-out", group_by="task-turn"))
+    assert advantages(out) == [[0.0, 0.0], [0.0], [0.0, 0.0]]
+
+
+def test_zero_advantage_groups_are_dropped_and_the_rest_kept():
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], SMALL)
+    assert [len(t["turns"]) for t in drop_zero_advantage_groups(out, "task")] == [2, 1, 0]  # task B goes
+    # per task and turn: scores [0, 1.5] and [0.75, 1.5] give returns [0.75, 1.5] and [1.5, 1.5]; turn 2 agrees
+    d0, d1 = trajectory("D", 0, ev(False), ev(True, 1.0)), trajectory("D", 1, ev(True, 0.25), ev(True, 1.0))
+    out = add_rewards([d0, d1], replace(SMALL, group_by="task-turn"))
+    kept = drop_zero_advantage_groups(out, "task-turn")
+    assert [[turn["turn"] for turn in t["turns"]] for t in kept] == [[0], [0]]
+    one = 0.375 / (0.375 + 1e-6)  # turn 1: mean 1.125, population std 0.375
+    assert [t["turns"][0]["advantage"] for t in kept] == pytest.approx([-one, one])
+
+
 def test_add_rewards_with_discounted_max():
     out = add_rewards([TASK_A0], RewardConfig(gamma=0.5, return_mode="max", correct_weight=0.5))
     assert [t["return"] for t in out[0]["turns"]] == [1.0, 2.0]  # max(0, 0.5 * 2), 2
@@ -211,5 +244,6 @@ def test_cli_piped_into_a_reader_that_stops_early_exits_quietly(tmp_path):
 def test_cli_help_lists_every_flag():
     result = run_cli("--help")
     assert result.returncode == 0
-    for flag in ("--gamma", "--return-mode", "--correct-weight", "--speedup-weight", "--group-by", "--eps"):
+    for flag in ("--gamma", "--return-mode", "--correct-weight", "--speedup-weight", "--group-by", "--baseline",
+                 "--eps"):
         assert flag in result.stdout

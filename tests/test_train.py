@@ -171,6 +171,61 @@ def test_kl_estimate_is_zero_at_the_reference_and_positive_elsewhere():
     assert train.kl_k3(torch.tensor([-1.5]), torch.tensor([-1.0])).item() == pytest.approx(math.exp(0.5) - 1.5)
 
 
+# ---------------------------------------------------------------- beyond the paper: mismatch, filters
+def test_importance_weights_per_token_and_per_sequence_truncated_or_masked_at_the_cap():
+    # pi_trainer / pi_sampler: row 0 [2, 4, padding], row 1 [0.5, 5, 1]; cap 3
+    trainer = torch.tensor([[2.0, 4.0, 7.0], [0.5, 5.0, 1.0]]).log()
+    sampler, mask = torch.zeros(2, 3), torch.tensor([[True, True, False], [True, True, True]])
+    expected = {"token-truncate": [[2, 3, 1], [0.5, 3, 1]], "token-mask": [[2, 0, 1], [0.5, 0, 1]],
+                # one weight a sequence, the product of its tokens': 2 x 4 = 8 and 0.5 x 5 x 1 = 2.5
+                "sequence-truncate": [[3, 3, 3], [2.5, 2.5, 2.5]], "sequence-mask": [[0, 0, 0], [2.5, 2.5, 2.5]]}
+    for mode, weights in expected.items():
+        got, over = train.importance_weights(trainer, sampler, mask, mode, 3.0)
+        assert torch.allclose(got, torch.tensor(weights, dtype=torch.float32)), mode
+        beyond = [[True, True, False], [False, False, False]] if mode.startswith("sequence") else \
+            [[False, True, False], [False, True, False]]
+        assert over.tolist() == beyond, mode
+
+
+@pytest.mark.parametrize("mode, cap, expected", [
+    ("off", 3.0, -(1.28 + 0.5) / 2),  # ratio vs the sampler [2, 0.5]: clipped to 1.28, and 0.5 (< 0.8, A > 0)
+    ("token-truncate", 3.0, -(2 + 0.5) / 2),  # ratio vs the trainer 1, weights [2, 0.5]
+    ("token-mask", 1.5, -(0 + 0.5) / 2),  # the weight 2 passes the cap: that token gets no loss
+    ("sequence-truncate", 3.0, -(1 + 1) / 2),  # one weight, 2 x 0.5 = 1
+])
+def test_is_correction_takes_the_trainers_logprobs_as_old_and_weights_each_token(monkeypatch, mode, cap, expected):
+    # one reply of 2 tokens, advantage 1; the policy gives them p [0.5, 0.25], the sampler gave [0.25, 0.5]
+    policy = torch.tensor([[0.5, 0.25]]).log()
+    monkeypatch.setattr(train, "reply_logprobs", lambda model, batch, temperature: (policy, torch.zeros(1, 2)))
+    batch = {"reply_mask": torch.tensor([[True, True]]), "old_logprobs": torch.tensor([[0.25, 0.5]]).log(),
+             "trainer_logprobs": torch.full((1, 2), math.nan), "advantages": torch.tensor([1.0])}
+    loss, stats, trainer = train.grpo_loss(None, batch, 1.0, 0.2, 0.28, constant=2, is_correction=mode, is_cap=cap)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert torch.equal(trainer, policy)  # the first pass: the trainer's log-probs are the policy's own
+    # |log 2| + |-log 2|; k3 with d = trainer - sampler = +-log 2: (2 - log 2 - 1) + (0.5 + log 2 - 1) = 0.5
+    assert stats["sampled"].item() == 2 and stats["logprob_diff"].item() == pytest.approx(2 * math.log(2))
+    assert stats["mismatch_kl"].item() == pytest.approx(0.5)
+    assert stats["over_cap"].item() == (1 if cap == 1.5 else 0)
+
+
+def test_truncated_replies_are_dropped_and_the_others_kept():
+    record = {"task": "t", "turns": [{"reply": {"token_ids": [1, 2, 3]}}, {"reply": {"token_ids": [1, 2, 3, 4]}}]}
+    assert train.drop_truncated([record], 4) == [{"task": "t", "turns": [{"reply": {"token_ids": [1, 2, 3]}}]}]
+    assert train.drop_truncated([record], 5) == [record]
+
+
+def test_the_recipe_flags_run_offline_and_log_what_they_drop_and_the_mismatch(tmp_path, rollouts):
+    """Grouped by trajectory, each task's trajectory without a correct kernel has returns all 0: half the
+    samples go. Sampling log-probs (the tiny model's own) are left in step 1 only (toy/add's and toy/relu's
+    trajectory 0), so only step 1 reports a mismatch, and a tiny one."""
+    run_train(*offline_args(rollouts, tmp_path), "--group-by", "trajectory", "--baseline", "leave-one-out",
+              "--filter-zero-std", "--mask-truncated", "--is-correction", "sequence-mask", "--is-cap", "2")
+    log = read_log(tmp_path)
+    assert [m["train/zero_std_dropped"] for m in log] == [0.5, 0.5] and all(m["train/grad_norm"] > 0 for m in log)
+    assert log[0]["mismatch/abs_logprob_diff"] < 1e-4 and log[0]["mismatch/over_cap"] == 0.0
+    assert "mismatch/kl" in log[0] and "mismatch/kl" not in log[1]
+
+
 # ---------------------------------------------------------------- masking, padding, the real model
 def test_only_reply_tokens_are_in_the_loss_whatever_the_padding(tiny):
     model, tokenizer = tiny
@@ -559,6 +614,9 @@ def test_paper_defaults_and_the_gpu_sizes():
     assert (args.eps_low, args.eps_high, args.beta, args.lr, args.warmup_ratio) == (0.2, 0.28, 0.0, 2e-6, 0.03)
     assert (args.max_grad_norm, args.updates_per_batch, args.temperature, args.gamma) == (0.05, 2, 0.9, 0.4)
     assert (args.correct_weight, args.speedup_weight, args.return_mode, args.group_by) == (0.3, 1.0, "sum", "task")
+    # what later trainers add is off: the group baseline, every sample in the loss, no mismatch correction
+    assert (args.baseline, args.filter_zero_std, args.mask_truncated, args.is_correction) == ("group", False, False,
+                                                                                               "off")
     paper = train.PAPER_SIZES  # 8 tasks x 16 trajectories x 4 turns = 512 samples a step
     assert (paper["tasks_per_step"], paper["n_trajectories"], paper["turns"], paper["max_tokens"]) == (8, 16, 4, 16384)
     # The tiny model gets the demo's sizes wherever it runs (minutes, not the paper's hours).
