@@ -88,8 +88,8 @@ class EvalConfig:
     gpus: list[int] | None = None
     """GPU indices to spread candidates over, comma-separated on the command line (default: every visible GPU)"""
     tasks: str = str(ROOT / "tasks")
-    """task folder (or KernelBench level folder) that task ids are resolved against; the CPU demo (no input)
-    takes the CPU-sized copies in tests/tasks/"""
+    """task folder (or KernelBench level folder) that task ids are resolved against; on the CPU, unless given, the
+    CPU-sized copies in tests/tasks/"""
     correct_trials: int = 5
     """fresh random input sets the candidate must match the reference on"""
     atol: float | None = None
@@ -665,17 +665,19 @@ DEMO_RUN_TIMEOUT_S = 30.0
 
 
 def _config(args: argparse.Namespace) -> EvalConfig:
-    """The flags given, over EvalConfig's defaults (a bad value is a one-line error); the CPU demo (no input,
-    no --tasks) takes the CPU-sized copies of the tasks in tests/tasks/, and a run timeout that its candidates
-    (each checked in seconds) never reach but its hanging one soon does."""
+    """The flags given, over EvalConfig's defaults (a bad value is a one-line error). On the CPU without --tasks,
+    the CPU-sized copies of the tasks in tests/tasks/: the full-size ones take minutes a call on a CPU, and an
+    honest kernel would come back `timeout` for the machine's size. The CPU demo (no input) also takes a run
+    timeout that its candidates (each checked in seconds) never reach but its hanging one soon does."""
     given = given_flags(args, EvalConfig)
     try:
         cfg = EvalConfig(**given)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    if args.input is None and "tasks" not in given and resolve_device(cfg)[0] == "cpu":
+    if "tasks" not in given and resolve_device(cfg)[0] == "cpu":
         cfg.tasks = str(ROOT / "tests" / "tasks")
-        if "run_timeout_s" not in given:  # its hanging candidate holds a core for this long, not 180 s
+        print("on the CPU: the CPU-sized tasks in tests/tasks/ (--tasks tasks for the full-size ones)", file=sys.stderr)
+        if args.input is None and "run_timeout_s" not in given:  # its hanging candidate holds a core this long
             cfg.run_timeout_s = DEMO_RUN_TIMEOUT_S
     return cfg
 

@@ -389,6 +389,18 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, text, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+def test_cli_on_the_cpu_judges_an_honest_kernel_on_cpu_sized_tasks_unless_told_otherwise(tmp_path):
+    """Without --tasks, the CPU takes the CPU-sized tasks and says so: on the full-size ones an honest C++ ReLU
+    takes minutes a call and came back `timeout`, blamed for the machine's size."""
+    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("correct_loop")) + "\n")
+    result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--no-progress", "--run-timeout-s", "60",
+                     "--timing-budget-s", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert "on the CPU: the CPU-sized tasks in tests/tasks/" in result.stderr
+    e = json.loads(result.stdout.splitlines()[0])["eval"]
+    assert e["status"] == "correct" and e["ref_runtime_ms"] < 50, e
+
+
 def test_cli_a_missing_task_folder_is_named_as_such_not_taken_for_an_unknown_task(tmp_path):
     (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
     result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", str(tmp_path / "nonexistent"))
