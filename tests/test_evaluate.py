@@ -170,7 +170,9 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     args = ev._parser().parse_args(["--gpus", "0,2", "--correct-trials", "7", "--no-progress", "--compile-baseline"])
     cfg = ev._config(args)
     assert (cfg.gpus, cfg.correct_trials, cfg.progress, cfg.compile_baseline) == ([0, 2], 7, False, True)
-    assert ev._config(ev._parser().parse_args(["in.jsonl"])) == ev.EvalConfig()
+    on_a_gpu = ev.resolve_device(ev.EvalConfig())[0] == "cuda"  # the CPU's default tasks are the CPU-sized ones
+    expected = ev.EvalConfig() if on_a_gpu else ev.EvalConfig(tasks=str(ROOT / "tests" / "tasks"))
+    assert ev._config(ev._parser().parse_args(["in.jsonl"])) == expected
 
 
 # ------------------------------------------------------------------------- real builds and runs on the CPU
