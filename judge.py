@@ -205,7 +205,7 @@ def on_every_stream(rows: list, windows: dict, opened: dict) -> list:
 
 def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str | None:
     """Why the runner's reported times are shorter than what the judge saw, if they are: each call's wall
-    clock here (`prepare` to the answer to `collect`) less the reported time is what the harness took around it; in
+    clock here (`go` to the answer to `collect`) less the reported time is what the harness took around it; in
     the least of the calls it may exceed the least of the clean harness-alone calls (their outputs handed over
     as every call's are) by HARNESS_SLACK times plus HARNESS_SLACK_MS. A clock faked to read short, or work put
     off until the outputs are handed over, leaves the whole difference unexplained."""
@@ -406,8 +406,8 @@ class Judge:
         """Clean measurements, taken before the candidate is imported so that it has no part in them, and as the
         timing will call (each call of the runner after the reference has run with the runner stopped):
         - what a timed call of the runner costs with no model at all, as the judge sees it: the least wall time
-          beyond the runner's report, and the median CPU time of the runner's threads, from `prepare` (its inputs
-          drawn) to the answer to `collect` (its outputs handed over);
+          beyond the runner's report, and the median CPU time of the runner's threads, from `go` to the answer
+          to `collect`;
         - on a GPU, the reference's fastest call and the fastest of the judge's own one-element kernel, which
           `slowed_reference` compares with (on the CPU the runner is stopped while the reference runs, so nothing
           of the candidate's can slow it there)."""
@@ -417,8 +417,7 @@ class Judge:
                 clean["reference"].append(self.timer(self.reference, clone(inputs), "clean")[0])
                 if self.cuda:
                     clean["timer"].append(self.timer(lambda *_: self.one_element(), [], "clean")[0])
-            wall_s, cpu_s, answer = self.timed_call({"label": f"null/{i}", "null": True,
-                                                     "seed": self.unknowable.randrange(2**31)})
+            wall_s, cpu_s, answer = self.timed_call({"label": f"null/{i}", "null": True})
             if failed := self.failed(answer):
                 raise RunnerGone(str(failed))
             walls.append(wall_s * 1e3 - float(answer.get("events", math.nan)))
@@ -428,19 +427,18 @@ class Judge:
         return harness, {name: min(ms[warm:] or ms) for name, ms in clean.items()} if self.cuda and walls else {}
 
     def timed_call(self, prepare: dict) -> tuple[float, float, dict]:
-        """(wall seconds from `prepare` to the answer to `collect`, CPU seconds of the runner's threads meanwhile,
-        the answers): the runner waits on its socket before and after, so that both are exact, and whatever it does
-        for the call (while drawing its inputs, running it, handing its outputs over) is inside them. Every call's
-        outputs are handed over alike, into cleared slots; which of them the judge reads, the runner never
-        learns."""
+        """(wall seconds from `go` to the answer to `collect`, CPU seconds of the runner's threads meanwhile, the
+        answers): the runner waits on its socket before and after, so that both are exact, and the work it put off
+        until its outputs are handed over is inside them too. Every call's outputs are handed over alike, into
+        cleared slots; which of them the judge reads, the runner never learns."""
         pid = self.payload["runner_pid"]
+        if failed := self.failed(self.ask({"op": "prepare", **prepare})):
+            return 0.0, 0.0, failed
         self.clear_slots()
         cpu, began = threads_cpu_s(pid), time.perf_counter()
-        answer = self.ask({"op": "prepare", **prepare})
-        for op in ("go", "collect"):
-            if self.failed(answer):
-                break
-            answer = {**answer, **self.ask({"op": op})}
+        answer = self.ask({"op": "go"})
+        if not self.failed(answer):
+            answer = {**answer, **self.ask({"op": "collect"})}
         wall_s, after = time.perf_counter() - began, threads_cpu_s(pid)
         spent = {tid: s - cpu.get(tid, 0.0) for tid, s in after.items()}
         self.other_threads_s += sum(s for tid, s in spent.items() if tid != pid)

@@ -397,14 +397,13 @@ class Runner:
     def prepare(self, message: dict) -> dict:
         """A timed call in three steps, so that the judge reads this process's clocks (its CPU time) while it
         waits between them: `prepare` makes the inputs of `seed`, `go` makes the call and answers as it returns,
-        `collect` checks its outputs and hands them over. The judge's clocks run from `prepare` to the answer to
-        `collect`: work done while the inputs are made (a hook on the random draws) is inside them, as is work put
-        off until the outputs are read; every call hands its outputs over, and the judge reads some (the spot
-        checks), so a call cannot tell whether it is checked. With `null`, the call is of no model at all: what
-        the harness alone costs, the inputs drawn and outputs handed over, asked before the candidate is imported
-        (its outputs made once, ahead: making an output is the model's work, and the reference's)."""
+        `collect` checks its outputs and hands them over. Every call hands them over, and the judge reads some
+        (the spot checks): a call cannot tell whether it is checked, so work put off until its outputs are read is
+        done in every call, inside the judge's clocks. With `null`, the call is of no model at all: what the harness
+        alone costs, handing over included, asked before the candidate is imported (its outputs made once, ahead:
+        making an output is the model's work, and the reference's)."""
         null = bool(message.get("null"))
-        args = make_inputs(self.task, self.device, message["seed"])
+        args = [] if null else make_inputs(self.task, self.device, message["seed"])
         self.pending = {"args": args, "label": message["label"], "held": [] if null else self.held_memory(args),
                         "model": (lambda *a: self.null_outputs) if null else self.model}
         self.labels.add(message["label"])
