@@ -478,7 +478,7 @@ def test_without_a_gpu_the_default_device_evaluates_cpp_on_the_cpu_and_shows_gen
 def test_device_cuda_without_a_gpu_stops_before_generating_anything(tmp_path):
     write_add_task(tmp_path / "tasks")
     done = run_cli("--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "o.jsonl"), "--device", "cuda")
-    assert_one_line_error(done, "but 0 are visible")
+    assert_one_line_error(done, "--device cuda, but no CUDA GPU is visible")
     assert "rollouts" not in done.stderr and not (tmp_path / "o.jsonl").exists()
 
 
