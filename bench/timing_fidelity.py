@@ -112,10 +112,12 @@ def main():
     tasks, threads = ev.load_tasks(task_folder), args.threads or ev.EvalConfig().cpu_threads
     folders = [ROOT / "solutions" / kind] + [Path(f) for f in (args.extra if args.extra is not None
                                                                  else [ROOT / "tests" / "adversarial" / kind])]
-    everything = [r for folder in folders
-                  for r in with_tasks_from(ev.library_records(folder), tasks, ROOT / "tests" / "adversarial" / "tasks")]
-    honest = [r for r in everything if r["solution"].split(".", 1)[1].startswith("correct_")
-              and (folder_of(r, folders) == folders[0] or "honest-twin" in r["solution"])]
+    everything, honest = [], []  # the solutions' correct kernels and the tricks' honest twins
+    for folder in folders:
+        records = with_tasks_from(ev.library_records(folder), tasks, ROOT / "tests" / "adversarial" / "tasks")
+        everything += records
+        honest += [r for r in records if r["solution"].split(".", 1)[1].startswith("correct_")
+                   and (folder == folders[0] or "honest-twin" in r["solution"])]
     for r in honest:
         r["task_path"] = str(tasks[r["task"]]) if r["task"] in tasks else r["task"]
     device = gpus[0] if kind == "cuda" else "cpu"
@@ -144,10 +146,6 @@ def main():
     report(rows)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": kind, "calls": args.calls, "rows": rows}, indent=1))
-
-
-def folder_of(record: dict, folders: list[Path]) -> Path:
-    return next(f for f in folders if (f / f"{record['solution']}.py").exists())
 
 
 def summary(result: dict) -> dict:
