@@ -313,11 +313,13 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
     return make_result(
         "correct",
         f"Correct. Your kernel runs in {cand:.4g} ms against {ref:.4g} ms for the PyTorch reference: "
-        f"a speedup of {ratio:.2f}x. It can be made faster.",
+        f"a speedup of {ratio:.2f}x" + (f" (of that time, {outcome['between_calls_ms']:.3g} ms is GPU work it did "
+                                        "between its timed calls)" if outcome.get("between_calls_ms") else "")
+        + ". It can be made faster.",
         runtime_ms=cand, ref_runtime_ms=ref, speedup=ratio, max_abs_diff=outcome["max_abs_diff"],
         max_rel_diff=outcome.get("max_rel_diff"),
         time_s=outcome["times"], timing_trials=outcome["trials"], own_kernel_share=outcome["own_kernel_share"],
-        **extra)
+        between_calls_ms=outcome.get("between_calls_ms"), **extra)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -5,22 +5,25 @@ attribute replaced, a C function's method table swapped, the process's own memor
 /proc/self/mem). So the verdict is decided here, in a process that never imports candidate code, and the
 candidate's process (the runner, run_child.py) only runs it:
 
-- the judge imports the task, builds the reference, and draws every input's seed from its own unknowable
-  random state, telling the runner a seed only as it asks for the call (each side makes the inputs from it);
-  it keeps the reference's outputs and compares its own copies of the runner's, taken from the memory they
-  share (tensor_exchange.py) as each call returned, its slots cleared before;
+- the judge imports the task, builds the reference, and draws every input from its own unknowable random
+  state; it writes a call's inputs into the memory it shares with the runner (tensor_exchange.py) just before
+  it asks for the call, keeps the reference's outputs, and compares its own copies of the runner's, taken from
+  that memory as each call returned, their slots cleared before, and its own copy of the inputs with what is
+  left in their slots (a call that changed its inputs in place);
 - it times the reference itself, with the runner stopped (SIGSTOP: no thread or signal handler of the
   candidate's runs meanwhile), and watches each candidate call from outside: the wall clock and the CPU time
-  of the runner's threads (from /proc, as the kernel counts them) from the request to the answer. On the CPU
-  that CPU time, less the harness's own, is the candidate's time; on a GPU the runner's own CUDA events are,
-  accepted only where the judge's wall clock agrees within what the harness alone takes, measured on the same
-  runner before the candidate was imported;
+  of the runner's process (the kernel's clock of it, which keeps what exited threads spent), from before the
+  call's inputs are written to the answer that hands its outputs over. On the CPU that CPU time, less the
+  harness's own, is the candidate's time; on a GPU the runner's own CUDA events are, accepted only where the
+  judge's wall clock agrees within what the harness alone takes, measured on the same runner before the
+  candidate was imported, and the GPU time of whatever the runner ran between its timed calls beyond the
+  harness's own copies is added to them;
 - each request carries a number drawn here that its answer must echo: bytes the candidate writes on the
   socket are no answer.
 
 What a candidate can still influence: by rewriting its own process's native code, the GPU times it reports
-(within that allowance), the kernel list its profiler records (the own-kernel share), and work done while
-its inputs are made (outside the call, as a rewritten harness could); the judge decides everything else.
+(within that allowance) and the kernel list its profiler records (the own-kernel share); the judge decides
+everything else.
 """
 from __future__ import annotations
 
@@ -34,8 +37,8 @@ import time
 
 import torch
 
-from run_child import (NEUTRAL_KERNEL, KernelLog, busy_ms, changed, clone, flatten_outputs, flush_buffer, identical,
-                       is_own_kernel, make_inputs, make_timer, span_ms, start_task)
+from run_child import (NEUTRAL_KERNEL, KernelLog, busy_ms, flatten_outputs, flush_buffer, identical, is_own_kernel,
+                       make_timer, span_ms, start_task)
 from tensor_exchange import Arena
 
 # An output whose error is this share of the reference's own magnitude (root mean square) or more is not the
@@ -49,9 +52,30 @@ HARNESS_SLACK, HARNESS_SLACK_MS = 2.0, 0.1
 # At most this share of the CPU time of the runner's timed calls may be on other threads than the one that calls
 # forward (plus 2 ms): on the CPU an honest candidate's other threads are idle while it runs.
 MAX_OTHER_THREADS = 0.1
+# GPU time the runner may spend between two timed calls beyond the harness's own (copying the outputs out, as
+# measured in the calls with no model): times, plus. What is more is the candidate's, added to each call's time.
+BETWEEN_SLACK, BETWEEN_SLACK_MS = 1.1, 0.002
 # At most how many times slower than before the candidate was imported a loaded host may make the judge's own
 # one-element kernel, when it excuses a slower reference (`slowed_reference`).
 MAX_HOST_LOAD = 4.0
+
+
+def clone(inputs: list) -> list:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def changed(before: list, after: list) -> bool:
+    return any(isinstance(b, torch.Tensor) and not identical(b, a) for b, a in zip(before, after))
+
+
+def make_inputs(task, device: torch.device, seed: int) -> list:
+    """The task's inputs for `seed`, made on the device where the task does not say otherwise (a gigabyte of random
+    numbers takes seconds on the host and milliseconds on a GPU)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    with device:
+        inputs = task.get_inputs()
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 class RunnerGone(Exception):
@@ -232,16 +256,45 @@ def slowed_reference(calls: dict, clean: dict, max_slowdown: float) -> str | Non
     return None
 
 
-def threads_cpu_s(pid: int) -> dict[int, float]:
-    """CPU seconds of each live thread of process `pid`, to the nanosecond (schedstat): exact for a process that
-    is waiting, as a runner between requests is."""
-    seconds = {}
-    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError), \
-                    open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                seconds[int(tid)] = int(f.read().split()[0]) / 1e9
-    return seconds
+def runner_cpu_s(pid: int) -> tuple[float, float]:
+    """(CPU seconds of process `pid`, of its main thread), to the nanosecond: the kernel's CPU clock of the
+    process, which keeps what its exited threads spent (a thread started, worked and joined inside a call
+    counts), and the main thread's schedstat; exact for a process that is waiting, as a runner between
+    requests is."""
+    try:
+        process = time.clock_gettime_ns(~pid << 3 | 2) / 1e9  # the clock id of `pid`'s CPU time (all threads)
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            return process, int(f.read().split()[0]) / 1e9
+    except OSError as e:  # the process is gone
+        raise RunnerGone from e
+
+
+def between_calls_ms(between: list, spans: dict, prefix: str) -> list[float]:
+    """The GPU time of the kernels the runner ran after each timed call whose label starts with `prefix`, up to
+    the next call's window (after the last, to the end; for the clean calls, only gaps that another clean call
+    ends)."""
+    order = sorted((tuple(span), label) for label, span in spans.items())
+    gaps = []
+    for i, ((_, end), label) in enumerate(order):
+        following = order[i + 1] if i + 1 < len(order) else None
+        if not label.startswith(prefix) or (prefix == "null/" and not (following and following[1].startswith(prefix))):
+            continue
+        until = following[0][0] if following else math.inf
+        gaps.append(busy_ms([("", a, b) for a, b in between if end <= a < until]))
+    return gaps
+
+
+def charge_between_calls(rows: list, log: dict) -> tuple[list, float]:
+    """(the candidate's calls with the GPU time the runner spent between them beyond the harness's own added to
+    each, that time per call in ms): work launched before a call's window opens, or while its outputs are handed
+    over (a rewritten synchronize or copy), is the call's too. The harness's own is what the clean calls spent
+    between them, copying the same slots' worth of outputs."""
+    clean = between_calls_ms(log.get("between") or [], log.get("spans") or {}, "null/")
+    spent = between_calls_ms(log.get("between") or [], log.get("spans") or {}, "candidate/")
+    if not clean or not spent:
+        return rows, 0.0
+    extra = max(0.0, sum(spent) / len(spent) - BETWEEN_SLACK * _median(clean) - BETWEEN_SLACK_MS)
+    return [(label, ms + extra, wall) for label, ms, wall in rows], extra
 
 
 def other_threads_worked(other_s: float, observed: dict) -> str | None:
@@ -306,7 +359,7 @@ class Judge:
         taken = []
         for i, d in enumerate(described if isinstance(described, list) else []):
             d = dict(d) if isinstance(d, dict) else {"type": type(d).__name__}
-            slot = self.arena.slots[i] if i < len(self.arena.slots) else None
+            slot = self.arena.outputs[i] if i < len(self.arena.outputs) else None
             if "shape" in d and slot is not None and d["shape"] == list(slot.shape) and \
                     d.get("dtype") == str(slot.dtype).removeprefix("torch."):
                 d["value"] = slot.clone()
@@ -351,7 +404,7 @@ class Judge:
         seed = self.unknowable.randrange(2**31)
         inputs = self.make_inputs(seed)
         expected = self.reference(*clone(inputs))
-        self.arena = Arena.create(flatten_outputs(expected), self.device)
+        self.arena = Arena.create(inputs, flatten_outputs(expected), self.device)
         if failed := self.failed(self.ask({"op": "arena", **self.arena.message},
                                           then=lambda: self.arena.send(self.runner))):
             return failed
@@ -388,7 +441,9 @@ class Judge:
                 if why:
                     return self.rejected(why)
         candidate = on_every_stream(candidate, windows, opened)
+        between_ms = 0.0
         if self.cuda and self.defend:
+            candidate, between_ms = charge_between_calls(candidate, report)
             why = unobserved_time(candidate, observed, harness["wall"]) or \
                 slowed_reference(calls, clean, self.payload["max_reference_slowdown"])
             if why:
@@ -396,7 +451,7 @@ class Judge:
         medians = {name: _median([ms for _, ms, _ in rows]) for name, rows in {**calls, "candidate": candidate}.items()
                    if name != "timer"}
         return {"medians": medians, "trials": len(candidate), "max_abs_diff": worst, "max_rel_diff": worst_rel,
-                "times": self.times, "own_kernel_share": share}
+                "times": self.times, "own_kernel_share": share, "between_calls_ms": between_ms}
 
     def one_element(self) -> torch.Tensor:
         """The least a model can do on the GPU: one kernel on one element (the latency a loaded host adds)."""
@@ -417,7 +472,7 @@ class Judge:
                 clean["reference"].append(self.timer(self.reference, clone(inputs), "clean")[0])
                 if self.cuda:
                     clean["timer"].append(self.timer(lambda *_: self.one_element(), [], "clean")[0])
-            wall_s, cpu_s, answer = self.timed_call({"label": f"null/{i}", "null": True})
+            wall_s, cpu_s, answer = self.timed_call(f"null/{i}", None)
             if failed := self.failed(answer):
                 raise RunnerGone(str(failed))
             walls.append(wall_s * 1e3 - float(answer.get("events", math.nan)))
@@ -426,28 +481,46 @@ class Judge:
         warm = self.payload["warmup"]  # the first calls, as the timing's warm-ups, are left out where more follow
         return harness, {name: min(ms[warm:] or ms) for name, ms in clean.items()} if self.cuda and walls else {}
 
-    def timed_call(self, prepare: dict) -> tuple[float, float, dict]:
-        """(wall seconds from `go` to the answer to `collect`, CPU seconds of the runner's threads meanwhile, the
-        answers): the runner waits on its socket before and after, so that both are exact, and the work it put off
-        until its outputs are handed over is inside them too. Every call's outputs are handed over alike, into
-        cleared slots; which of them the judge reads, the runner never learns."""
+    def timed_call(self, label: str, inputs: list | None) -> tuple[float, float, dict]:
+        """(wall seconds from `go` to the answer to `collect`, CPU seconds of the runner's process from before the
+        inputs were written to that answer, the answers) of a call on `inputs` (None: the call of no model): the
+        runner waits on its socket before and after, so that both are exact, and the work it put off until its
+        outputs are handed over is inside them too. Every call's outputs are handed over alike, into cleared
+        slots; which of them the judge reads, the runner never learns."""
         pid = self.payload["runner_pid"]
-        if failed := self.failed(self.ask({"op": "prepare", **prepare})):
-            return 0.0, 0.0, failed
+        process, main = runner_cpu_s(pid)
+        message = {"op": "go", "label": label, **({"null": True} if inputs is None else self.put_inputs(inputs))}
         self.clear_slots()
-        cpu, began = threads_cpu_s(pid), time.perf_counter()
-        answer = self.ask({"op": "go"})
+        began = time.perf_counter()
+        answer = self.ask(message)
         if not self.failed(answer):
             answer = {**answer, **self.ask({"op": "collect"})}
-        wall_s, after = time.perf_counter() - began, threads_cpu_s(pid)
-        spent = {tid: s - cpu.get(tid, 0.0) for tid, s in after.items()}
-        self.other_threads_s += sum(s for tid, s in spent.items() if tid != pid)
-        return wall_s, sum(spent.values()), answer
+        wall_s = time.perf_counter() - began
+        process_after, main_after = runner_cpu_s(pid)
+        self.other_threads_s += (process_after - process) - (main_after - main)
+        return wall_s, process_after - process, answer
+
+    def put_inputs(self, inputs: list) -> dict:
+        """`inputs` written into their slots, and the part of the request that carries the rest (the values of
+        inputs that are not tensors)."""
+        values = []
+        for slot, value in zip(self.arena.inputs, inputs):
+            if slot is None:
+                values.append(value)
+            elif list(value.shape) != list(slot.shape) or value.dtype != slot.dtype:
+                raise ValueError(f"the task's get_inputs() made a {list(value.shape)} {value.dtype} input where its "
+                                 f"first draw made a {list(slot.shape)} {slot.dtype} one: every draw must agree")
+            else:
+                slot.copy_(value)
+                values.append(None)
+        if self.cuda:  # written before the runner reads: no order holds between two processes' streams
+            torch.cuda.synchronize()
+        return {"values": values}
 
     def clear_slots(self) -> None:
         """Every byte of the output slots set to 0xFF (NaN in any float dtype) before a call: what the runner does
         not write this call cannot pass for its answer."""
-        for slot in self.arena.slots:
+        for slot in self.arena.outputs:
             if slot is not None and slot.numel():
                 slot.view(-1).view(torch.uint8).fill_(0xFF)
         if self.cuda:  # done before the runner writes: no order holds between two processes' streams
@@ -455,18 +528,19 @@ class Judge:
 
     # ------------------------------------------------------------------------------------------ correctness
 
-    def call(self, seed: int, **options) -> tuple[dict | None, list[dict], bool]:
+    def call(self, inputs: list, **options) -> tuple[dict | None, list[dict], bool]:
         """(the failure or None, the outputs, whether the call changed its inputs) of one checked call of the
-        candidate on the inputs of `seed`."""
+        candidate on `inputs`."""
+        message = {"op": "call", **self.put_inputs(inputs), **options}
         self.clear_slots()
-        answer = self.ask({"op": "call", "seed": seed, **options})
+        answer = self.ask(message)
         if failed := self.failed(answer):
             return failed, [], False
         if answer.get("unsynchronized"):
             why = ("[unsynchronized-stream] the output was still being written when forward returned: synchronise "
                    "side streams with the current stream before returning")
             return self.rejected(why), [], False
-        return None, self.outputs(answer.get("outputs")), bool(answer.get("changed_inputs"))
+        return None, self.outputs(answer.get("outputs")), changed(inputs, self.arena.inputs)
 
     def check_correctness(self) -> tuple[dict | None, float, float]:
         """(the failed result or None, the largest absolute and relative differences seen) over `correct_trials`
@@ -477,17 +551,17 @@ class Judge:
         self.trial_seeds = []
         for trial in range(payload["correct_trials"]):
             self.trial_seeds.append(seed := self.unknowable.randrange(2**31))
+            inputs = self.make_inputs(seed)
             began = time.perf_counter()
-            failed, out, changed_inputs = self.call(seed)
+            failed, out, changed_inputs = self.call(inputs)
             first_ms = (time.perf_counter() - began) * 1e3
             if failed:
                 return failed, worst, worst_rel
-            inputs = self.make_inputs(seed)
             ref_args = clone(inputs)
             expected = self.reference(*ref_args)
             repeats = payload["repeat_runs"] if trial == 0 and self.defend else 0
             for repeat in range(1, repeats + 1):
-                failed, again, _ = self.call(seed, beside_ms=first_ms if repeat == repeats else 0.0)
+                failed, again, _ = self.call(inputs, beside_ms=first_ms if repeat == repeats else 0.0)
                 if failed:
                     return failed, worst, worst_rel
                 if why := _repeat_disagrees(out, again, payload["repeat_tolerance"]):
@@ -502,34 +576,34 @@ class Judge:
                 failed = {"incorrect": f"trial {trial + 1} of {payload['correct_trials']}: {why}",
                           "max_abs_diff": diff, "max_rel_diff": rel, "times": self.times}
                 if not payload["copy_parameters"]:
-                    failed["weights_differ"] = self.passes_with_reference_parameters(seed, expected)
+                    failed["weights_differ"] = self.passes_with_reference_parameters(inputs, expected)
                 return failed, worst, worst_rel
             if self.defend and changed_inputs and not changed(inputs, ref_args):
                 return self.rejected("[modifies-inputs] the candidate changed its input tensors in place"), \
                     worst, worst_rel
         return None, worst, worst_rel
 
-    def passes(self, seed: int, expected) -> bool:
-        """Whether the candidate, run as the correctness trials run it, matches `expected` on the inputs of `seed`."""
-        failed, out, _ = self.call(seed)
+    def passes(self, inputs: list, expected) -> bool:
+        """Whether the candidate, run as the correctness trials run it, matches `expected` on `inputs`."""
+        failed, out, _ = self.call(inputs)
         return not failed and _compare(out, expected, self.payload["tolerance"])[0] is None
 
-    def passes_with_reference_parameters(self, seed: int, expected) -> bool:
+    def passes_with_reference_parameters(self, inputs: list, expected) -> bool:
         """Whether the failing trial passes once the reference's parameters are copied into the candidate: then
         its kernel is right and its weights are not (made with other init calls, or in another order)."""
         answer = self.ask({"op": "copy_parameters"})
-        return bool(answer.get("copied")) and self.passes(seed, expected)
+        return bool(answer.get("copied")) and self.passes(inputs, expected)
 
     # ------------------------------------------------------------------------------------------ timing
 
     def time_models(self, harness_cpu_ms: float) -> tuple[dict | None, dict, dict]:
         """(the rejection or None, each model's timed calls as (label, ms, wall ms), the judge's observation of each
         candidate call by label as (wall seconds, CPU seconds of the runner's threads)): warm-up,
-        then the models in a random order each trial on an independent draw of inputs (its seed told to the
-        runner only as the call is prepared), so that clock drift hits them alike; random timed outputs are
+        then the models in a random order each trial on an independent draw of inputs (written where the runner
+        reads them only as its call is asked for), so that clock drift hits them alike; random timed outputs are
         compared with the reference's on the same inputs. The reference runs here with the runner stopped. On a GPU a
         candidate's call takes the time the runner reports (its events, checked against what is seen from here
-        in `unobserved_time`); on the CPU it takes the CPU time the kernel counted for the runner's threads, less
+        in `unobserved_time`); on the CPU it takes the CPU time the kernel counted for the runner's process, less
         the harness's own (`harness_cpu_ms`), and the reference the CPU time of this thread: nothing the
         candidate's process says of itself, and what other work on the machine takes from the wall clock does
         not count."""
@@ -556,7 +630,7 @@ class Judge:
             for name in self.unknowable.sample(list(models), len(models)) if self.defend else list(models):
                 label = f"{name}/{trial}"
                 if name == "candidate":
-                    wall_s, cpu_s, answer = self.timed_call({"label": label, "seed": seed})
+                    wall_s, cpu_s, answer = self.timed_call(label, inputs)
                     if failed := self.failed(answer):
                         return failed, calls, observed
                     observed[label] = (wall_s, cpu_s)
@@ -591,14 +665,14 @@ class Judge:
         honest kernel at the edge of the tolerance, on an input the trials did not draw): `incorrect`. `call`
         counts the timed calls from the first warm-up, 1-based."""
         rule = f"[changed-during-timing] timed call {call} returned a wrong result "
-        failed, again, _ = self.call(seed)
+        failed, again, _ = self.call(self.make_inputs(seed))
         if failed:
             return failed
         status, why, diff, rel = _compare(again, expected, self.payload["tolerance"])
         if status is None:
             return self.rejected(rule + "that it gets right outside the timer")
         first = self.make_inputs(self.trial_seeds[0])
-        if not self.passes(self.trial_seeds[0], self.reference(*clone(first))):
+        if not self.passes(first, self.reference(*clone(first))):
             return self.rejected(rule + "and now gets the first correctness trial wrong too")
         if status == "rejected":
             return self.rejected(why)

@@ -23,7 +23,6 @@ import importlib
 import importlib.util
 import itertools
 import json
-import random
 import re
 import sys
 import threading
@@ -109,10 +108,13 @@ class KernelLog:
         self.window = record_function
         self.profile.__enter__()
 
-    def stop(self, labels: set[str]) -> tuple[dict[str, list[tuple[str, float, float]]], dict[str, float]]:
-        """(label -> the (name, start µs, end µs) of each GPU kernel, copy and fill of the call timed in its
-        window, label -> when the call's GPU time began, in µs). A window opens with the timer's L2 flush, the
-        first kernel to start in it: it is left out, and its end is where the begin event is."""
+    def stop(self, labels: set[str]) -> dict:
+        """`windows`: label -> the (name, start µs, end µs) of each GPU kernel, copy and fill of the call timed in
+        its window; `opened`: label -> when the call's GPU time began (µs); `spans`: label -> the window's
+        (start, end) µs; `between`: the (start, end) µs of every kernel from the first window on that ran in
+        none (the harness's copies of outputs, and whatever else ran between the timed calls). A window opens
+        with the timer's L2 flush, the first kernel to start in it: it is left out, and its end is where the
+        begin event is."""
         from torch.autograd import DeviceType
 
         self.profile.__exit__(None, None, None)
@@ -125,13 +127,16 @@ class KernelLog:
                 kernels.append((event.name, event.time_range.start, event.time_range.end))
         windows.sort()
         starts = [w[0] for w in windows]
-        found = {label: [] for _, _, label in windows}
+        found, between = {label: [] for _, _, label in windows}, []
         for name, start, end in sorted(kernels, key=lambda k: k[1]):
             i = bisect.bisect_right(starts, start) - 1
             if i >= 0 and start <= windows[i][1]:
                 found[windows[i][2]].append((name, start, end))
+            elif i >= 0:
+                between.append((start, end))
         opened = {label: call.pop(0)[2] for label, call in found.items() if call and NEUTRAL_KERNEL.search(call[0][0])}
-        return found, opened
+        return {"windows": found, "opened": opened, "between": between,
+                "spans": {label: (start, end) for start, end, label in windows}}
 
 
 def busy_ms(kernels: list[tuple[str, float, float]], since: float = -float("inf")) -> float:
@@ -149,14 +154,6 @@ def span_ms(kernels: list[tuple[str, float, float]], since: float) -> float:
     if not kernels:
         return 0.0
     return (max(k[2] for k in kernels) - min(since, min(k[1] for k in kernels))) / 1e3
-
-
-def clone(inputs: list) -> list:
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-def changed(before: list, after: list) -> bool:
-    return any(isinstance(b, torch.Tensor) and not identical(b, a) for b, a in zip(before, after))
 
 
 def probe(out) -> list:
@@ -298,17 +295,6 @@ def start_task(payload: dict) -> tuple[torch.device, object, list]:
     return device, task, task.get_init_inputs()
 
 
-def make_inputs(task, device: torch.device, seed: int) -> list:
-    """The task's inputs for `seed`, made on the device where the task does not say otherwise (a gigabyte of random
-    numbers takes seconds on the host and milliseconds on a GPU); the judge and the runner each make their own
-    alike (the same generators, seeded alike), so that no input crosses between them."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    with device:
-        inputs = task.get_inputs()
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
 def _span(tensor: torch.Tensor) -> tuple[int, int]:
     storage = tensor.untyped_storage()
     return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
@@ -333,7 +319,7 @@ class Runner:
     def serve(self) -> dict:
         """Answer the judge until it says finish; an exception of the candidate's is an answer too."""
         handlers = {"arena": self.take_arena, "import": self.import_candidate, "call": self.call,
-                    "prepare": self.prepare, "go": self.go, "collect": self.collect,
+                    "go": self.go, "collect": self.collect,
                     "copy_parameters": self.copy_parameters, "finish": self.finish}
         with torch.no_grad():
             while True:
@@ -349,9 +335,14 @@ class Runner:
 
     def take_arena(self, message: dict) -> dict:
         self.arena = Arena.receive(self.judge, message)
-        self.null_outputs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self.arena.slots
+        self.null_outputs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self.arena.outputs
                              if s is not None]
         return {}
+
+    def arguments(self, message: dict) -> list:
+        """The call's inputs as the judge wrote them into their slots just before asking, and the values it sent
+        for those that are not tensors: nothing is drawn here, so nothing here knows an input before the call."""
+        return [value if slot is None else slot for slot, value in zip(self.arena.inputs, message["values"])]
 
     def import_candidate(self, message: dict) -> dict:
         """The candidate imported and ModelNew built under the task's seed, the tamper check's snapshot first."""
@@ -375,12 +366,10 @@ class Runner:
             torch.empty(min(free // 2, self.payload["poison_bytes"]) // 4, device=self.device).fill_(float("nan"))
 
     def call(self, message: dict) -> dict:
-        """A checked call on the inputs of `seed`: into poisoned memory, with `beside_ms` of other work on the GPU
-        (a race lands elsewhere), outputs probed before and after a device-wide synchronize and copied to the
-        judge; whether the call changed its inputs."""
+        """A checked call: into poisoned memory, with `beside_ms` of other work on the GPU (a race lands
+        elsewhere), outputs probed before and after a device-wide synchronize and copied to the judge."""
         self.poison()
-        args = make_inputs(self.task, self.device, message["seed"])
-        before = clone(args) if self.defend else []
+        args = self.arguments(message)
         beside = busy_side_stream(self.device, message.get("beside_ms", 0.0)) \
             if self.cuda and message.get("beside_ms") else None
         held = self.held_memory(args)
@@ -391,27 +380,23 @@ class Runner:
         del beside
         answer = self.put_outputs(out, held)
         answer["unsynchronized"] = any(not identical(a, b) for a, b in zip(early, probe(out)))
-        answer["changed_inputs"] = changed(before, args)
         return answer
 
-    def prepare(self, message: dict) -> dict:
-        """A timed call in three steps, so that the judge reads this process's clocks (its CPU time) while it
-        waits between them: `prepare` makes the inputs of `seed`, `go` makes the call and answers as it returns,
-        `collect` checks its outputs and hands them over. Every call hands them over, and the judge reads some
-        (the spot checks): a call cannot tell whether it is checked, so work put off until its outputs are read is
-        done in every call, inside the judge's clocks. With `null`, the call is of no model at all: what the harness
-        alone costs, handing over included, asked before the candidate is imported (its outputs made once, ahead:
-        making an output is the model's work, and the reference's)."""
-        null = bool(message.get("null"))
-        args = [] if null else make_inputs(self.task, self.device, message["seed"])
-        self.pending = {"args": args, "label": message["label"], "held": [] if null else self.held_memory(args),
-                        "model": (lambda *a: self.null_outputs) if null else self.model}
-        self.labels.add(message["label"])
-        return {}
-
     def go(self, message: dict) -> dict:
-        pending = self.pending
-        events, wall, pending["out"] = self.timer(pending["model"], pending["args"], pending["label"])
+        """A timed call, in two requests, so that the judge reads this process's clocks (its CPU time) while it
+        waits on each: `go` makes the call and answers as it returns, `collect` checks its outputs and hands them
+        over. Every call hands them over, and the judge reads some (the spot checks): a call cannot tell whether
+        it is checked, so work put off until its outputs are read is done in every call, inside the judge's
+        clocks. With `null`, the call is of no model at all: what the harness alone costs, handing over included,
+        asked before the candidate is imported (its outputs made once, ahead: making an output is the model's
+        work, and the reference's)."""
+        null = bool(message.get("null"))
+        args = [] if null else self.arguments(message)
+        model = (lambda *a: self.null_outputs) if null else self.model
+        held = [] if null else self.held_memory(args)
+        self.labels.add(message["label"])
+        events, wall, out = self.timer(model, args, message["label"])
+        self.pending = {"out": out, "held": held}
         return {"events": events, "wall": wall}
 
     def collect(self, message: dict) -> dict:
@@ -462,7 +447,7 @@ class Runner:
             if o.numel():
                 self.earlier.append((StorageWeakRef(o.untyped_storage()), (begin, end)))
             dtype = str(o.dtype).removeprefix("torch.")
-            slot = self.arena.slots[i] if i < len(self.arena.slots) else None
+            slot = self.arena.outputs[i] if i < len(self.arena.outputs) else None
             if slot is not None and list(slot.shape) == list(o.shape) and slot.dtype == o.dtype:
                 slot.copy_(o)
             described.append({"shape": list(o.shape), "dtype": dtype})
@@ -473,8 +458,8 @@ class Runner:
     def finish(self, message: dict) -> dict:
         """The kernel log of every call (label -> its kernels, and where its GPU time began) and whether the timer's
         objects are still the ones it started with."""
-        windows, opened = self.kernel_log.stop(self.labels) if self.kernel_log else ({}, {})
-        return {"windows": windows, "opened": opened, "tamper": self.tamper.broken() if self.tamper else None}
+        log = self.kernel_log.stop(self.labels) if self.kernel_log else {}
+        return {**log, "tamper": self.tamper.broken() if self.tamper else None}
 
 
 def run(payload: dict, judge) -> dict:

@@ -1,15 +1,18 @@
-"""The outputs the runner hands the judge: one block of memory both map; no pickle, no objects.
+"""The inputs the judge hands the runner and the outputs it gets back: one block of memory both map; no pickle, no
+objects.
 
-The judge lays out a slot for each output of the reference (shape, dtype, byte offset), allocates the block and
+The judge lays out a slot for each tensor input and each output of the reference (shape, dtype, byte offset),
+allocates the block and
 hands the runner a descriptor of it over their socket: on the CPU an anonymous memory file (memfd: no name, no
 folder another child could reach); on a GPU device memory, exported as a file descriptor by the CUDA driver's
 virtual memory calls (no name either, and no pid: it crosses the sandbox's namespaces as any descriptor does),
 so that an output crosses in a copy on the device instead of two trips through host memory (a 268 MB output:
 about 0.2 ms against 100 ms or more). Where the driver cannot export device memory, the GPU's block is host
-memory too. The runner copies an output into its slot; the judge copies it out. Only bytes cross, in the
-judge's own layout: the runner can put values into the judge's slots, never an object (a view of an input, a
-subclass, a buffer it keeps) into the judge's hands. Inputs do not cross at all: each side makes them from the
-same seed, which the judge draws and tells the runner only as the call is prepared.
+memory too. The judge writes a call's inputs into their slots just before it asks for the call, and the
+candidate reads them there (the runner draws nothing, so no code in the candidate's process knows an input
+before its call); the runner copies an output into its slot, and the judge copies it out. Only bytes cross, in
+the judge's own layout: the runner can put values into the judge's slots, never an object (a view of an input,
+a subclass, a buffer it keeps) into the judge's hands.
 """
 from __future__ import annotations
 
@@ -105,11 +108,12 @@ class DeviceBlock:
 
 
 class Arena:
-    """The shared block's slots as tensors, in the order of the layout (None where a value has no slot): in a
-    memory file mapped here, or (`device` given) in a `DeviceBlock`."""
+    """The shared block's slots as tensors, in the order of the layout (None where a value has no slot), the first
+    `inputs` of them the inputs' and the rest the outputs': in a memory file mapped here, or (`device` given) in a
+    `DeviceBlock`."""
 
-    def __init__(self, fd: int, slots: list[dict], device: torch.device | None = None):
-        self.layout, self.device = slots, device
+    def __init__(self, fd: int, slots: list[dict], device: torch.device | None = None, inputs: int = 0):
+        self.layout, self.device, self.input_count = slots, device, inputs
         if device is None:
             self.fd, self.map = fd, mmap.mmap(fd, end_of(slots))
             whole = torch.frombuffer(self.map, dtype=torch.uint8)
@@ -118,6 +122,7 @@ class Arena:
             self.block = DeviceBlock(index, end_of(slots), fd)
             self.fd, whole = None, self.block.tensor
         self.slots = [self._view(whole, slot) for slot in slots]
+        self.inputs, self.outputs = self.slots[:inputs], self.slots[inputs:]
 
     def _view(self, whole: torch.Tensor, slot: dict) -> torch.Tensor | None:
         if not slot:
@@ -126,23 +131,24 @@ class Arena:
         return whole[slot["offset"]:slot["offset"] + _nbytes(slot)].view(dtype).view(slot["shape"])
 
     @classmethod
-    def create(cls, values: list, device: torch.device) -> Arena:
-        """The judge's side: a fresh block with a slot for each tensor of `values`, on `device` where it is a GPU
-        whose driver exports device memory, else in a memory file."""
-        slots = layout(values)
+    def create(cls, inputs: list, outputs: list, device: torch.device) -> Arena:
+        """The judge's side: a fresh block with a slot for each tensor of `inputs` and `outputs`, on `device` where
+        it is a GPU whose driver exports device memory, else in a memory file."""
+        slots = layout(inputs + outputs)
         if device.type == "cuda":
             try:
-                return cls(None, slots, device)
+                return cls(None, slots, device, len(inputs))
             except (OSError, AttributeError):  # no driver library, or one without the virtual memory calls
                 pass
-        fd = os.memfd_create("kevin-outputs", os.MFD_CLOEXEC)
+        fd = os.memfd_create("kevin-exchange", os.MFD_CLOEXEC)
         os.ftruncate(fd, end_of(slots))
-        return cls(fd, slots)
+        return cls(fd, slots, inputs=len(inputs))
 
     @property
     def message(self) -> dict:
         """What the runner needs beside the descriptor to map the same slots."""
-        return {"slots": self.layout, "device": str(self.device) if self.device is not None else None}
+        return {"slots": self.layout, "device": str(self.device) if self.device is not None else None,
+                "inputs": self.input_count}
 
     def send(self, conn) -> None:
         """The descriptor to the other end of `conn` (a socket-backed Connection), right after a message that
@@ -162,4 +168,5 @@ class Arena:
             _, fds, _, _ = socket.recv_fds(sock, 1, 1)
         if len(fds) != 1:
             raise ValueError("no shared-memory descriptor came with the arena message")
-        return cls(fds[0], message["slots"], torch.device(message["device"]) if message.get("device") else None)
+        return cls(fds[0], message["slots"], torch.device(message["device"]) if message.get("device") else None,
+                   int(message.get("inputs", 0)))
