@@ -637,16 +637,19 @@ def cuda_adversarial_results():
 @gpu
 def test_every_cuda_trick_earns_nothing_and_a_rejection_names_its_rule(cuda_adversarial_results):
     """Each trick gets the status its name gives, a rejection naming its rule; a trick that can only be timed
-    on its honest kernel is correct at no more than 1.5x its honest twin, and every twin is correct."""
+    on its honest kernel is correct at no more than 1.5x its honest twin, or rejected where a check catches it
+    outright (the side stream's head start: its kernel may end before the timer's begin event, which the clocks'
+    disagreement shows); every twin is correct."""
     records, results = cuda_adversarial_results
     assert len(records) >= 11
     by_name = {r["solution"]: e for r, e in zip(records, results)}
     for record, e in zip(records, results):
         status = expected_status(record)
-        assert e["status"] == status, (record["solution"], e["feedback"])
+        trick = status == "correct" and "honest-twin" not in record["solution"]
+        assert e["status"] == status or (trick and e["status"] == "rejected"), (record["solution"], e["feedback"])
         if status == "rejected":
             assert f"[{record['solution'].split('.rejected_')[1].split('.')[0]}]" in e["feedback"], e["feedback"]
-        if status == "correct" and "honest-twin" not in record["solution"]:
+        if trick and e["correct"]:
             twin = by_name[record["solution"].split(".")[0] + ".correct_honest-twin"]
             assert e["speedup"] <= 1.5 * twin["speedup"], (record["solution"], e["speedup"], twin["speedup"])
 

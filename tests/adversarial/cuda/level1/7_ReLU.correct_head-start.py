@@ -1,7 +1,10 @@
 """Counts its calls: the checks come first (5 trials and 3 repeats, 8 calls), so from the 9th call on it
-launches its ReLU on a non-blocking side stream that waits for nothing (a timed call's inputs are made
+launches its ReLU on a non-blocking side stream that waits for nothing (a timed call's inputs are written
 before the timer's window opens) and has the current stream wait for it. The kernel then starts while the
-timer's L2 flush still runs, before the begin event: CUDA events alone would see little of it."""
+timer's L2 flush still runs, before the begin event: CUDA events alone would see little of it. The kernel log
+counts it from its start (correct, at its honest twin's speed), or, where it ends before the begin event, the
+events' few microseconds against the profiler's and the host's fraction of a millisecond are
+`[clock-mismatch]`; on the H200 both have been seen."""
 import torch
 from torch.utils.cpp_extension import load_inline
 

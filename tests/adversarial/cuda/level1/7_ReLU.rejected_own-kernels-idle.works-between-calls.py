@@ -4,27 +4,33 @@ object keeps its identity, so no check of identities sees it). Counting the sync
 (the one inside the timer's window, the one as the outputs are handed over, then the one the timer makes before
 the next window opens, when the judge has written the next inputs), it runs its kernel on the input it was last
 given at that third one and waits for it, and forward hands the output back: the work is done before the
-window opens, and the call itself costs nothing. The judge adds the GPU time the runner spent between its timed
-calls, beyond the harness's own copies, to each call: it is timed on its kernel."""
+window opens, and the call itself costs nothing. The kernel log sees no kernel of the candidate's in any timed
+call's window: `[own-kernels-idle]`. (A variant that launched a token kernel in forward would pass that rule;
+the judge adds the GPU time the runner spent between its timed calls, beyond the harness's own copies, to each
+call, so it would be timed on its kernel.)"""
 import torch
 from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
-#include <sys/mman.h>
-#include <unistd.h>
-#include <cstdint>
-namespace py = pybind11;
-
 __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
     const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (i < n) y[i] = fmaxf(x[i], 0.f);
 }
 
-static torch::Tensor relu_of(const torch::Tensor& x) {
+torch::Tensor relu_of(const torch::Tensor& x) {
     auto y = torch::empty_like(x);
     relu_kernel<<<(unsigned)((x.numel() + 255) / 256), 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
     return y;
 }
+"""
+
+cpp_source = r"""
+#include <sys/mman.h>
+#include <unistd.h>
+#include <cstdint>
+namespace py = pybind11;
+
+torch::Tensor relu_of(const torch::Tensor& x);
 
 static PyCFunction real_synchronize = nullptr;
 static torch::Tensor seen, ahead;
@@ -63,8 +69,8 @@ torch::Tensor relu(torch::Tensor x) {
     return relu_of(x);
 }
 """
-relu_ext = load_inline(name="adv_cuda_works_between_calls", cpp_sources="torch::Tensor relu(torch::Tensor x); bool hook_synchronize();",
-                       cuda_sources=cuda_source, functions=["relu", "hook_synchronize"], extra_cuda_cflags=["-O3"])
+relu_ext = load_inline(name="adv_cuda_works_between_calls", cpp_sources=cpp_source, cuda_sources=cuda_source,
+                       functions=["relu", "hook_synchronize"], extra_cuda_cflags=["-O3"])
 
 
 class ModelNew(torch.nn.Module):
