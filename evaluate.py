@@ -11,22 +11,22 @@ Pipeline, per call of `evaluate(records)`:
      kernel) or KernelBench's (the same, but PyTorch ops and torch.nn layers allowed).
   2. build: every distinct candidate is imported in a child process from a pool sized to the cores, with
      load_inline redirected to a content-addressed build cache of light, precompiled torch headers, so that
-     an extension repeated across a GRPO group or a later turn is compiled once and fast (build_cache.py).
+     an extension repeated across a GRPO group or a later turn is compiled once and fast (kevin/build_cache.py).
   3. judge: per GPU, a fresh pair of processes per candidate, set up (CUDA contexts and all) while the ones
      before it run: the runner, sandboxed, imports the candidate and runs it on request; the judge, which
      never imports candidate code, draws the inputs, runs the reference, compares (shape, dtype, NaN/Inf,
      tolerance, the error's scale), times the reference with the runner stopped and watches the candidate's
-     calls from outside, and decides (judge.py: what runs where, and why).
+     calls from outside, and decides (kevin/judge.py: what runs where, and why).
   A crash, illegal memory access, `sys.exit` or hang kills only that candidate's runner; the result says so
-  (isolation.py).
+  (kevin/isolation.py).
 
 The file reads in that order: config, tasks, the build child's job, feedback, the scheduler (`_Evaluation`),
-the command line. Its machinery lives in helper modules named for what they do: static_rules.py (parsing and
-the static rules), judge.py (the verdict), run_child.py (the runner: the candidate's process, its timer and
-profiler), tensor_exchange.py (the outputs between them), eval_children.py (the children's settings and what
+the command line. Its machinery lives in helper modules named for what they do: kevin/static_rules.py (parsing and
+the static rules), kevin/judge.py (the verdict), kevin/run_child.py (the runner: the candidate's process, its timer and
+profiler), kevin/tensor_exchange.py (the outputs between them), kevin/eval_children.py (the children's settings and what
 their output comes down to),
-eval_records.py (the JSONL in and out, and what a resumed run goes on from), config_flags.py (one flag per
-EvalConfig field), build_cache.py and isolation.py; none imports this one.
+kevin/eval_records.py (the JSONL in and out, and what a resumed run goes on from), kevin/config_flags.py (one flag per
+EvalConfig field), kevin/build_cache.py and kevin/isolation.py; none imports this one.
 
 Defaults follow the KernelBench version Kevin used (atol = rtol = 1e-2, seed 42 before building each
 model so parameters made the same way match); where the paper is silent (number of correctness inputs,
@@ -59,22 +59,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from dependencies import require
+from kevin.dependencies import require
 
 require("torch")
 
 import torch
 
-import sandbox
-from build_cache import BuildCache, compile_extension
-from config_flags import add_config_flags, given_flags
-from eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
-from eval_records import already_written, library_records, open_output, read_records
-from isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
+from kevin import sandbox
+from kevin.build_cache import BuildCache, compile_extension
+from kevin.config_flags import add_config_flags, given_flags
+from kevin.eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
+from kevin.eval_records import already_written, library_records, open_output, read_records
+from kevin.isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
                        start_fork_server, stop_child, stop_child_later, stop_every_child)
-from judge import judge
-from run_child import import_file, run
-from static_rules import (FENCE, RULES, extract_code, kernel_names, rejection,  # noqa: F401 (FENCE: generate.py's)
+from kevin.judge import judge
+from kevin.run_child import import_file, run
+from kevin.static_rules import (FENCE, RULES, extract_code, kernel_names, rejection,  # noqa: F401 (FENCE: generate.py's)
                           static_check)
 
 ROOT = Path(__file__).resolve().parent
@@ -131,7 +131,7 @@ class EvalConfig:
     build_dir: str = str(ROOT / ".cache" / "builds")
     """where extensions are built, one folder per distinct extension (kept: a cache across runs)"""
     sandbox: str = "auto"
-    """box in the children that run candidate code (sandbox.py): 'auto' applies what the kernel offers and
+    """box in the children that run candidate code (kevin/sandbox.py): 'auto' applies what the kernel offers and
     says which, 'strict' refuses to run without all of it, 'off' runs candidates with the user's full rights"""
     progress: bool = True
     """a tqdm progress bar on stderr (--no-progress: none)"""
@@ -219,8 +219,8 @@ def resolve_task(task: str, index: dict[str, Path]) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The build child's job (run in isolation.py's children; the judge's and the runner's are judge.py's and
-# run_child.py's; the static rules before them all are in static_rules.py)
+# The build child's job (run in kevin/isolation.py's children; the judge's and the runner's are kevin/judge.py's and
+# kevin/run_child.py's; the static rules before them all are in kevin/static_rules.py)
 
 
 def _build(payload: dict) -> dict:
@@ -231,7 +231,7 @@ def _build(payload: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The tolerances the judge compares with (judge.py decides; run_child.py runs the candidate)
+# The tolerances the judge compares with (kevin/judge.py decides; kevin/run_child.py runs the candidate)
 
 
 # KernelBench's own tolerances (atol = rtol) per output dtype, in its versions after the one Kevin used (1e-2 for
@@ -653,7 +653,7 @@ def summary_table(evals: list[dict], records: list[dict]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The input and output, then one flag per EvalConfig field (config_flags.py)."""
+    """The input and output, then one flag per EvalConfig field (kevin/config_flags.py)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("input", nargs="?", help="JSONL of candidates (`task`, `code`); `-` for stdin; "
                    "default: the hand-written candidates in solutions/<device>/")

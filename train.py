@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from dependencies import require
+from kevin.dependencies import require
 
 require("torch", "accelerate", "transformers", "tqdm")
 
@@ -80,11 +80,12 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import reward
-from batching import Sample, collate, put_logprob_head, reply_logprobs
+from kevin.batching import Sample, collate, put_logprob_head, reply_logprobs
 from evaluate import RULES as RULE_PROFILES, EvalConfig
-from generate import HFBackend, Task, check_model, check_vllm, load_tasks, run_turn
-from tiny_model import build_tiny_model
-from vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
+from generate import Task, load_tasks, run_turn
+from kevin.backends import HFBackend, check_model, check_vllm
+from kevin.tiny_model import build_tiny_model
+from kevin.vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 
 REPO = Path(__file__).resolve().parent
 # Sizes: the paper's for a real model on a GPU; a demo of minutes for the tiny model or on a CPU.

@@ -21,10 +21,10 @@ the policy should reproduce it verbatim, so that during RL almost every kernel i
 the evaluator's content-addressed build cache already holds (a new kernel costs a full build).
 
 With --model tiny (the default) the model is a fresh Qwen2 of --layers x --hidden on the tiny model's
-tokenizer (tiny_model.py), larger than the tiny model itself so that it memorises the library in a
+tokenizer (kevin/tiny_model.py), larger than the tiny model itself so that it memorises the library in a
 short run; any other --model is a Hugging Face path fine-tuned as it is. The loss is the mean
 log-likelihood of the reply tokens (the reply's end-of-turn token included), computed with the batching
-train.py uses (batching.py), so positions and padding match what RL will see.
+train.py uses (kevin/batching.py), so positions and padding match what RL will see.
 
 Run:
   python warm_start.py --out runs/warm_start                        # CUDA library on its demo-sized tasks
@@ -55,10 +55,11 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import reward
-from batching import Sample, collate, reply_logits, token_logprobs
+from kevin.batching import Sample, collate, reply_logits, token_logprobs
 from evaluate import STATUSES, EvalConfig, evaluate, library_records
-from generate import ChatTokens, HFBackend, load_tasks, parse_reply, render_prompt, token_progress
-from tiny_model import build_tiny_model, random_qwen2
+from generate import load_tasks, parse_reply, render_prompt
+from kevin.backends import ChatTokens, HFBackend, token_progress
+from kevin.tiny_model import build_tiny_model, random_qwen2
 
 REPO = Path(__file__).resolve().parent
 LIBRARY = REPO / "solutions" / "warm_start"

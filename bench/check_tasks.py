@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate as ev  # noqa: E402
-from run_child import flatten_outputs, import_file  # noqa: E402
+from kevin.run_child import flatten_outputs, import_file  # noqa: E402
 
 
 def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) -> list[str]:

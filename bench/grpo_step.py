@@ -70,7 +70,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
-import tiny_model  # noqa: E402
+from kevin import tiny_model  # noqa: E402
 import train  # noqa: E402
 
 SHAPES = {"tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-import batching  # noqa: E402
+from kevin import batching  # noqa: E402
 
 TEMPERATURE = 0.9
 

@@ -58,11 +58,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import batching  # noqa: E402
+from kevin import batching  # noqa: E402
 import evaluate as ev  # noqa: E402
 import reward  # noqa: E402
 import train  # noqa: E402
-from tiny_model import build_qwen2_05b_shaped, build_tiny_model  # noqa: E402
+from kevin.tiny_model import build_qwen2_05b_shaped, build_tiny_model  # noqa: E402
 
 ROOT = ev.ROOT
 MODELS = {"tiny": build_tiny_model, "qwen2-0.5b": build_qwen2_05b_shaped}

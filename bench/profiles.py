@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate as ev  # noqa: E402
-from eval_records import with_tasks_from  # noqa: E402
+from kevin.eval_records import with_tasks_from  # noqa: E402
 
 PROFILES = ("kevin", "kernelbench")
 

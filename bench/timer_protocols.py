@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate as ev  # noqa: E402
-from run_child import KernelLog, flush_buffer, import_file, make_timer  # noqa: E402
+from kevin.run_child import KernelLog, flush_buffer, import_file, make_timer  # noqa: E402
 
 TASKS = ["level1/7_ReLU", "level1/9_Swish", "level1/17_Softmax", "level1/20_RMSNorm",
          "level1/25_MSELoss_PerSample", "level1/1_Square_Matmul"]

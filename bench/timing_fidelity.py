@@ -35,7 +35,7 @@ def clean_times(task: str, candidate: str, device: str, calls: int, threads: int
     on as many threads as the evaluator gives it."""
     import torch
 
-    from run_child import import_file
+    from kevin.run_child import import_file
 
     torch.set_num_threads(threads)
     module, new = import_file(task, "task"), import_file(candidate, "candidate")
@@ -105,7 +105,7 @@ def main():
         return
 
     import evaluate as ev
-    from eval_records import with_tasks_from
+    from kevin.eval_records import with_tasks_from
 
     kind, gpus = ev.resolve_device(ev.EvalConfig(device=args.device))
     task_folder = str(ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))

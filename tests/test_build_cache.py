@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import build_cache
+from kevin import build_cache
 import evaluate as ev
-import isolation
-import sandbox
+from kevin import isolation
+from kevin import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = dict(device="cpu", tasks=str(ROOT / "tests" / "tasks"), timing_budget_s=1.0, progress=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import sandbox
+from kevin import sandbox
 
 MECHANISMS = sandbox.available()
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +189,7 @@ def test_threads_still_start_where_processes_may_not(tmp_path):
 import ctypes, json, os, sys, threading
 sys.path.insert(0, {str(ROOT)!r})
 import torch
-import sandbox
+from kevin import sandbox
 if os.fork():  # the parent: as the fork server, which has imported torch and run nothing on its threads
     sys.exit(os.waitstatus_to_exitcode(os.wait()[1]))
 sandbox.confine([{str(tmp_path / "own")!r}], sandbox.readable([{str(tmp_path)!r}], []), {MECHANISMS!r},
@@ -269,7 +269,7 @@ def test_shared_memory_works_in_a_private_dev_shm(tmp_path):
 def test_a_made_up_request_from_a_child_is_answered_with_an_error_not_a_crash(tmp_path):
     """A child may send the evaluator anything; a request its service cannot take must come back as an error
     to that child, not end the evaluation."""
-    import isolation
+    from kevin import isolation
 
     def serve(request):
         return {"library": request["arguments"]["name"]}  # a TypeError for the list the child below sends

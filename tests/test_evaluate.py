@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import build_cache
-import config_flags
+from kevin import build_cache
+from kevin import config_flags
 import evaluate as ev
-from eval_records import with_tasks_from
+from kevin.eval_records import with_tasks_from
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = dict(device="cpu", tasks=str(ROOT / "tests" / "tasks"), run_timeout_s=30, timing_budget_s=1.0, progress=False)

@@ -13,9 +13,9 @@ import torch
 
 import generate
 from evaluate import STATUSES, extract_code
-from generate import (EXAMPLE_MODEL, EXAMPLE_SOLUTION, EXAMPLE_SUMMARY, HFBackend, OpenAIBackend, Reply,
-                      fit_prompt, parse_reply, render_prompt, split_reasoning)
-from tiny_model import build_tiny_model
+from generate import EXAMPLE_MODEL, EXAMPLE_SOLUTION, EXAMPLE_SUMMARY, fit_prompt, parse_reply, render_prompt, split_reasoning
+from kevin.backends import HFBackend, OpenAIBackend, Reply
+from kevin.tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_SOURCE = "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"

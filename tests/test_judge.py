@@ -1,4 +1,4 @@
-"""The judge's own arithmetic (judge.py): the comparison with its scale-aware check, the clocks it reads, the
+"""The judge's own arithmetic (kevin/judge.py): the comparison with its scale-aware check, the clocks it reads, the
 time it observes from outside the candidate's process, and the shared memory the runner answers through.
 
 The numbers are made by hand; the processes these checks run in are exercised through the real command line
@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-import judge as jg
-from tensor_exchange import Arena
+from kevin import judge as jg
+from kevin.tensor_exchange import Arena
 
 TOLERANCE = {"float32": [1e-2, 1e-2], "other": [1e-2, 1e-2]}
 

@@ -14,8 +14,9 @@ import torch
 
 import evaluate as ev
 import generate
-import judge
-import run_child
+from kevin import judge
+from kevin.backends import Reply
+from kevin import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -248,7 +249,7 @@ def test_generate_passes_its_rules_to_the_evaluator_and_the_prompt(tmp_path):
 
         def generate(self, prompts, seeds):
             self.prompts += prompts
-            return [generate.Reply("no code", None, None) for _ in prompts]
+            return [Reply("no code", None, None) for _ in prompts]
 
     (tmp_path / "tasks" / "level1").mkdir(parents=True)
     (tmp_path / "tasks" / "level1" / "1_Linear_ReLU.py").write_text(LINEAR_TASK)

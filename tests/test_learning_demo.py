@@ -67,7 +67,7 @@ def test_the_report_names_paths_in_the_repository_relative_to_it_and_others_not_
 @pytest.mark.slow
 def test_whole_demo_runs_train_py_twice_and_writes_its_report(tmp_path):
     """With the untrained tiny model every reply is junk (score 0, nothing built); the orchestration is real."""
-    from tiny_model import build_tiny_model
+    from kevin.tiny_model import build_tiny_model
 
     ld.main(["--device", "cpu", "--warm-model", build_tiny_model(), "--seeds", "1", "--steps", "1", "--turns", "2",
              "--n-trajectories", "1", "--max-tokens", "8", "--window", "1", "--parallel", "2",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tiny_model import QWEN2_05B_SHAPE
+from kevin.tiny_model import QWEN2_05B_SHAPE
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))

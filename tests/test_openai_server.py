@@ -16,7 +16,7 @@ import pytest
 
 from evaluate import STATUSES
 from generate import EXAMPLE_MODEL
-from tiny_model import build_tiny_model
+from kevin.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (see README, Installing vLLM)")

@@ -31,7 +31,7 @@ import pytest
 import torch
 
 import evaluate as ev
-import sandbox
+from kevin import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKS = ROOT / "tests" / "adversarial" / "sandbox"

@@ -1,11 +1,11 @@
-"""tiny_model.py: a seeded, locally built model and tokenizer that transformers loads, reused once built."""
+"""kevin/tiny_model.py: a seeded, locally built model and tokenizer that transformers loads, reused once built."""
 
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tiny_model import build_tiny_model, corpus_files
+from kevin.tiny_model import build_tiny_model, corpus_files
 
 
 def test_tokenizer_is_trained_on_the_project_text_and_has_the_chat_markup():

@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import batching
+from kevin import batching
 import train
-from generate import HFBackend
-from tiny_model import build_tiny_model
+from kevin.backends import HFBackend
+from kevin.tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -316,7 +316,7 @@ def test_the_head_holds_one_cast_weight_tile_at_a_time(monkeypatch):
 
 INTERPRETED_KERNELS = """
 import torch
-import batching, logprob_kernels
+from kevin import batching, logprob_kernels
 logprob_kernels.BLOCK = 128
 torch.manual_seed(1)
 rows, columns = 12, 300
@@ -347,7 +347,7 @@ print("kernels agree")
 
 
 def test_the_heads_triton_kernels_compute_what_its_eager_functions_do():
-    """What a GPU runs (logprob_kernels.py), run by Triton's interpreter on CPU tensors in a fresh process (the
+    """What a GPU runs (kevin/logprob_kernels.py), run by Triton's interpreter on CPU tensors in a fresh process (the
     interpreter is chosen when Triton is imported), where Triton is installed (a CUDA build of torch brings it):
     the same running statistics and gradient as the eager functions, in bf16 and fp32, for a tile that holds
     some targets only, folded into statistics of earlier tiles, in the view of a wider buffer, with more

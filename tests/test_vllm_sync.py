@@ -1,4 +1,4 @@
-"""vllm_sync.py: the policy's weights as vLLM takes them (LoRA merged exactly; gathered whole, one at a time,
+"""kevin/vllm_sync.py: the policy's weights as vLLM takes them (LoRA merged exactly; gathered whole, one at a time,
 from FSDP 2 shards over gloo in two processes and from ZeRO-3 partitions on a GPU), and vLLM engines fed them
 after every update: one engine in the same process, one per rank under `accelerate launch` (gloo, two
 processes), and a vLLM server, each checked after every push on every rank against the trained model's greedy
@@ -18,8 +18,8 @@ import torch
 from accelerate import Accelerator
 
 from test_openai_server import vllm_server
-from tiny_model import build_tiny_model
-from vllm_sync import policy_weights
+from kevin.tiny_model import build_tiny_model
+from kevin.vllm_sync import policy_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -92,8 +92,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 from test_vllm_sync import lora_model
-from tiny_model import build_tiny_model
-from vllm_sync import policy_weights
+from kevin.tiny_model import build_tiny_model
+from kevin.vllm_sync import policy_weights
 
 gathers = []  # a weak reference to every full tensor gathered, in order
 held_at_gather = []  # how many earlier ones are still alive at each gather
@@ -187,8 +187,8 @@ import torch
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 import train
-from tiny_model import build_tiny_model
-from vllm_sync import merged_lora, policy_weights
+from kevin.tiny_model import build_tiny_model
+from kevin.vllm_sync import merged_lora, policy_weights
 
 if __name__ == "__main__":
     lora = sys.argv[2] == "lora"
@@ -248,8 +248,8 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from test_vllm_sync import lora_model
-from tiny_model import build_tiny_model
-from vllm_sync import ColocatedEngine, policy_weights, sync_error
+from kevin.tiny_model import build_tiny_model
+from kevin.vllm_sync import ColocatedEngine, policy_weights, sync_error
 
 if __name__ == "__main__":
     path, accelerator = build_tiny_model(), Accelerator(cpu=True)

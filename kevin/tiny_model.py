@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PATH = REPO / ".cache" / "tiny-model"
 QWEN2_05B_PATH = REPO / ".cache" / "qwen2-0.5b-shaped"
 # Qwen2-0.5B's config.json, less what the tokenizer decides (special token ids) and the context length.

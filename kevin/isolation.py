@@ -27,7 +27,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-import sandbox
+from kevin import sandbox
 
 
 @dataclass(frozen=True)

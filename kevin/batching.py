@@ -178,7 +178,7 @@ def tile_steps(device: torch.device):
     """(fold_tile, tile_gradient) for tiles on `device`: on a GPU the Triton kernels of logprob_kernels.py (one
     pass over the bf16 tile each), elsewhere the eager definitions below, which are what those kernels compute."""
     if device.type == "cuda" and importlib.util.find_spec("triton"):
-        import logprob_kernels
+        from kevin import logprob_kernels
 
         return logprob_kernels.fold_tile, logprob_kernels.tile_gradient
     return fold_tile, tile_gradient

@@ -80,8 +80,9 @@ def landlock_abi() -> int:
 def _namespaces_work(private_shm: bool = False) -> bool:
     """Whether a process here may enter a new user and network namespace (with `private_shm`, a mount namespace
     too, with its own /dev/shm); tried in a throwaway process."""
-    probe = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); " \
-            f"import sandbox; sandbox._enter_namespaces({private_shm})"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    probe = f"import sys; sys.path.insert(0, {repo!r}); " \
+            f"from kevin import sandbox; sandbox._enter_namespaces({private_shm})"
     return subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True).returncode == 0
 
 

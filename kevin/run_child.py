@@ -32,7 +32,7 @@ import traceback
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from tensor_exchange import Arena
+from kevin.tensor_exchange import Arena
 
 
 def import_file(path: str, name: str):

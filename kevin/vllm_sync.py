@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from batching import token_logprobs
-from generate import ChatTokens, Reply, VLLMBackend, post_json
+from kevin.batching import token_logprobs
+from kevin.backends import ChatTokens, Reply, VLLMBackend, post_json
 
 SYNC_PROMPT = [{"role": "user", "content": "Write a CUDA kernel that adds two vectors."}]
 SYNC_TOKENS = 16  # greedy tokens compared after each push

@@ -11,9 +11,9 @@ import re
 import subprocess
 import sys
 
-import sandbox
-from build_cache import load_from_cache
-from isolation import ChildSettings
+from kevin import sandbox
+from kevin.build_cache import load_from_cache
+from kevin.isolation import ChildSettings
 
 
 _SANDBOX_LINE_SHOWN = []  # the sandbox line is printed once a process, not once an evaluate() call

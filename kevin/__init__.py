@@ -1,0 +1,12 @@
+"""The machinery under the stage scripts; a stage imports it, it never imports a stage.
+
+- the evaluator's: static_rules (the reply's code block and the rules read from it), build_cache (compile
+  children and the build cache), library_kernels (the kernels a built library holds), judge (the process that
+  decides), run_child (the candidate's process), tensor_exchange (the inputs and outputs between them),
+  isolation and sandbox (children that can crash, hang or misbehave), eval_children (their settings and
+  output), eval_records (the JSONL in and out);
+- generation: backends (transformers, vLLM, OpenAI-compatible servers);
+- training: batching (packing samples, their log-probs), logprob_kernels (the chunked output layer),
+  vllm_sync (vLLM engines beside the policy and the push of its weights), tiny_model (the built-in model);
+- config_flags (flags from a dataclass) and dependencies (one-line errors for a missing package).
+"""
