@@ -71,11 +71,10 @@ from kevin.config_flags import add_config_flags, given_flags
 from kevin.eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
 from kevin.eval_records import already_written, library_records, open_output, read_records
 from kevin.isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
-                       start_fork_server, stop_child, stop_child_later, stop_every_child)
+                             start_fork_server, stop_child, stop_child_later, stop_every_child)
 from kevin.judge import judge
 from kevin.run_child import import_file, run
-from kevin.static_rules import (FENCE, RULES, extract_code, kernel_names, rejection,  # noqa: F401 (FENCE: generate.py's)
-                          static_check)
+from kevin.static_rules import RULES, extract_code, kernel_names, rejection, static_check
 
 ROOT = Path(__file__).resolve().parent
 STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "incorrect", "correct")

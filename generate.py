@@ -50,9 +50,9 @@ require("tqdm", "torch")
 
 from tqdm import tqdm
 
-from evaluate import RULES as RULE_PROFILES
-from evaluate import FENCE, EvalConfig, evaluate, extract_code, load_tasks as index_tasks, resolve_device
+from evaluate import EvalConfig, evaluate, load_tasks as index_tasks, resolve_device
 from kevin.backends import HFBackend, OpenAIBackend, VLLMBackend, check_model, check_vllm
+from kevin.static_rules import FENCE, RULES as RULE_PROFILES, extract_code
 from kevin.tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parent

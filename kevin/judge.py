@@ -38,7 +38,7 @@ import time
 import torch
 
 from kevin.run_child import (NEUTRAL_KERNEL, KernelLog, busy_ms, flatten_outputs, flush_buffer, identical, is_own_kernel,
-                       make_timer, span_ms, start_task)
+                             make_timer, span_ms, start_task)
 from kevin.tensor_exchange import Arena
 
 # An output whose error is this share of the reference's own magnitude (root mean square) or more is not the

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import generate
-from evaluate import STATUSES, extract_code
+from evaluate import STATUSES
 from generate import EXAMPLE_MODEL, EXAMPLE_SOLUTION, EXAMPLE_SUMMARY, fit_prompt, parse_reply, render_prompt, split_reasoning
 from kevin.backends import HFBackend, OpenAIBackend, Reply
+from kevin.static_rules import extract_code
 from kevin.tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
