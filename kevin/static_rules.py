@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
 
 # The rule profiles (--rules), and how the feedback names the one that judged.
 RULES = {"kevin": "Kevin's rules (the paper's)", "kernelbench": "KernelBench's rules"}
@@ -166,6 +167,135 @@ def rejection(rules: str, reasons: list[str]) -> str:
 KEVIN_ONLY = ("[torch-op]", "[torch-functional]", "[torch-nn-layer]")
 
 
+@dataclass
+class Source:
+    """A candidate as the rules read it: its syntax tree, what each name its imports bind stands for (`F` ->
+    `torch.nn.functional`), its native text (`native_text`), and the operator namespaces its own C++ defines."""
+    tree: ast.Module
+    aliases: dict[str, str]
+    native: str
+    own_ops: tuple[str, ...]
+
+    @classmethod
+    def read(cls, tree: ast.Module, code: str) -> Source:
+        aliases = {"torch": "torch"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    aliases[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for a in node.names:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        native = native_text(code)
+        own_ops = tuple(f"torch.ops.{namespace}." for namespace in set(OWN_OP_LIBRARY.findall(native))
+                        - PYTORCH_OP_NAMESPACES)
+        return cls(tree, aliases, native, own_ops)
+
+    def nodes(self, *types):
+        return (node for node in ast.walk(self.tree) if isinstance(node, types))
+
+    def names(self):
+        """(node, its dotted name through the import aliases, or None) of every name and attribute."""
+        return ((node, _dotted(node, self.aliases)) for node in self.nodes(ast.Attribute, ast.Name))
+
+
+def check_imports(source: Source, device: str) -> list[str]:
+    """torch.nn.functional, and the modules that run work outside the timed call or reach into the checker."""
+    found = []
+    for node in source.nodes(ast.Import, ast.ImportFrom):
+        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        for module in modules:
+            if module.startswith("torch.nn.functional") or (isinstance(node, ast.ImportFrom) and module == "torch.nn"
+                                                            and any(a.name == "functional" for a in node.names)):
+                found.append("[torch-functional] imports torch.nn.functional")
+            if module.split(".")[0] in BANNED_IMPORTS:
+                found.append(f"[{BANNED_IMPORTS[module.split('.')[0]]}] line {node.lineno}: importing {module} is not "
+                             "allowed")
+    return found
+
+
+def check_fallbacks(source: Source, device: str) -> list[str]:
+    """try/except (a fallback path) and `pass` (a body that does nothing)."""
+    return [f"[try-except] line {node.lineno}: try/except is not allowed (no fallback paths)"
+            for node in source.nodes(ast.Try, getattr(ast, "TryStar", ast.Try))] + \
+        [f"[pass] line {node.lineno}: `pass` is not allowed" for node in source.nodes(ast.Pass)]
+
+
+def check_introspection(source: Source, device: str) -> list[str]:
+    """Frames, globals, code objects: the evaluator's objects one hop away."""
+    found = []
+    for node, _ in source.names():
+        name = node.attr if isinstance(node, ast.Attribute) else node.id
+        if name in INTROSPECTION:
+            found.append(f"[introspection] line {node.lineno}: {name} is not allowed")
+    return found
+
+
+def check_threads_and_processes(source: Source, device: str) -> list[str]:
+    """A banned module reached as an attribute (torch.cuda.threading), os calls that start a process, and native
+    code that starts threads or host callbacks."""
+    found = []
+    for node, name in source.names():
+        if name and isinstance(node, ast.Attribute) and node.attr in BANNED_IMPORTS:
+            found.append(f"[{BANNED_IMPORTS[node.attr]}] line {node.lineno}: {name} is not allowed")
+        if name and PROCESS_CALLS.fullmatch(name):
+            found.append(f"[threads] line {node.lineno}: {name} starts a process and is not allowed")
+    if NATIVE_THREADS.search(source.native):
+        found.append("[threads] native code must not start threads or host callbacks (std::thread, "
+                     "pthread_create, std::async, cudaLaunchHostFunc)")
+    return found
+
+
+def check_torch_nn(source: Source, device: str) -> list[str]:
+    """torch.nn.functional and torch.nn layers: only the module system, parameters, containers and init."""
+    found = []
+    for node, name in source.names():
+        if name and name.startswith("torch.nn.") and not name.startswith("torch.nn.init"):
+            member = name.split(".")[2]
+            if member == "functional":
+                found.append(f"[torch-functional] line {node.lineno}: {name} is not allowed")
+            elif member not in ALLOWED_NN and member[:1].isupper():
+                found.append(f"[torch-nn-layer] line {node.lineno}: torch.nn.{member} is not allowed "
+                             "(only Module, Parameter, containers and init)")
+    return found
+
+
+def check_torch_ops(source: Source, device: str) -> list[str]:
+    """PyTorch compute ops: allocation, random init, torch.cuda and the extension builder are allowed, and the
+    operators of a library the candidate's own C++ defines."""
+    found = []
+    for node in source.nodes(ast.Call):
+        name = _dotted(node.func, source.aliases)
+        allowed = name and (name.startswith((*ALLOWED_TORCH_NAMESPACES, "torch.nn.", *source.own_ops))
+                            or name.split(".")[1] in ALLOWED_TORCH_CALLS)
+        if name and name.startswith("torch.") and not allowed:
+            found.append(f"[torch-op] line {node.lineno}: the PyTorch op {name}() is not allowed: "
+                         "the work must be done by your own kernel")
+    return found
+
+
+def check_subclass(source: Source, device: str) -> list[str]:
+    """ModelNew built on the reference Model would run the reference."""
+    model_new = next(n for n in source.nodes(ast.ClassDef) if n.name == "ModelNew")
+    bases = {_dotted(b, {**source.aliases, "Model": "Model"}) or "" for b in model_new.bases}
+    if "Model" in bases or any(b.endswith(".Model") for b in bases):
+        return ["[subclass-reference] ModelNew must not subclass the reference Model"]
+    return []
+
+
+def check_native_kernel(source: Source, device: str) -> list[str]:
+    """A native extension built with load_inline, and on a GPU a __global__ kernel in it (in a macro too)."""
+    if "load_inline" not in source.native:
+        return ["[no-kernel] no native kernel: build one with torch.utils.cpp_extension.load_inline"]
+    if device == "cuda" and not _global_functions(source.native):
+        return ["[no-kernel] no CUDA kernel: cuda_sources must define a __global__ kernel"]
+    return []
+
+
+CHECKS = (check_imports, check_fallbacks, check_introspection, check_threads_and_processes, check_torch_nn,
+          check_torch_ops, check_subclass, check_native_kernel)
+
+
 def static_check(code: str, device: str, rules: str = "kevin") -> tuple[str, str] | None:
     """(status, feedback) if the source breaks a rule of `rules` (kevin or kernelbench), else None. Cheap: no
     import, no build."""
@@ -173,69 +303,10 @@ def static_check(code: str, device: str, rules: str = "kevin") -> tuple[str, str
         tree = ast.parse(code)
     except SyntaxError as e:
         return "compile_error", f"Python syntax error on line {e.lineno}: {e.msg}"
-    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
-    if "ModelNew" not in classes:
+    if not any(n.name == "ModelNew" for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
         return "format_error", "The code defines no `class ModelNew(torch.nn.Module)`."
-    aliases: dict[str, str] = {"torch": "torch"}
-    violations: list[str] = []
-    native = native_text(code)
-    own_ops = tuple(f"torch.ops.{namespace}." for namespace in set(OWN_OP_LIBRARY.findall(native))
-                    - PYTORCH_OP_NAMESPACES)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                aliases[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-                if a.name.startswith("torch.nn.functional"):
-                    violations.append("[torch-functional] imports torch.nn.functional")
-                if a.name.split(".")[0] in BANNED_IMPORTS:
-                    violations.append(f"[{BANNED_IMPORTS[a.name.split('.')[0]]}] line {node.lineno}: "
-                                      f"importing {a.name} is not allowed")
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for a in node.names:
-                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-            if node.module.startswith("torch.nn.functional") or (
-                    node.module == "torch.nn" and any(a.name == "functional" for a in node.names)):
-                violations.append("[torch-functional] imports torch.nn.functional")
-            if node.module.split(".")[0] in BANNED_IMPORTS:
-                violations.append(f"[{BANNED_IMPORTS[node.module.split('.')[0]]}] line {node.lineno}: "
-                                  f"importing {node.module} is not allowed")
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
-            violations.append(f"[try-except] line {node.lineno}: try/except is not allowed (no fallback paths)")
-        elif isinstance(node, ast.Pass):
-            violations.append(f"[pass] line {node.lineno}: `pass` is not allowed")
-        elif isinstance(node, (ast.Attribute, ast.Name)):
-            if (node.attr if isinstance(node, ast.Attribute) else node.id) in INTROSPECTION:
-                violations.append(f"[introspection] line {node.lineno}: "
-                                  f"{node.attr if isinstance(node, ast.Attribute) else node.id} is not allowed")
-            name = _dotted(node, aliases)
-            if name and isinstance(node, ast.Attribute) and node.attr in BANNED_IMPORTS:  # torch.cuda.threading
-                violations.append(f"[{BANNED_IMPORTS[node.attr]}] line {node.lineno}: {name} is not allowed")
-            if name and PROCESS_CALLS.fullmatch(name):
-                violations.append(f"[threads] line {node.lineno}: {name} starts a process and is not allowed")
-            if name and name.startswith("torch.nn.") and not name.startswith("torch.nn.init"):
-                member = name.split(".")[2]
-                if member == "functional":
-                    violations.append(f"[torch-functional] line {node.lineno}: {name} is not allowed")
-                elif member not in ALLOWED_NN and member[:1].isupper():
-                    violations.append(f"[torch-nn-layer] line {node.lineno}: torch.nn.{member} is not allowed "
-                                      "(only Module, Parameter, containers and init)")
-        if isinstance(node, ast.Call):
-            name = _dotted(node.func, aliases)
-            if (name and name.startswith("torch.") and not name.startswith(ALLOWED_TORCH_NAMESPACES)
-                    and not name.startswith(("torch.nn.", *own_ops)) and name.split(".")[1] not in ALLOWED_TORCH_CALLS):
-                violations.append(f"[torch-op] line {node.lineno}: the PyTorch op {name}() is not allowed: "
-                                  "the work must be done by your own kernel")
-    bases = {_dotted(b, {**aliases, "Model": "Model"}) or "" for b in classes["ModelNew"].bases}
-    if "Model" in bases or any(b.endswith(".Model") for b in bases):
-        violations.append("[subclass-reference] ModelNew must not subclass the reference Model")
-    if NATIVE_THREADS.search(native):
-        violations.append("[threads] native code must not start threads or host callbacks (std::thread, "
-                          "pthread_create, std::async, cudaLaunchHostFunc)")
-    if "load_inline" not in native:
-        violations.append("[no-kernel] no native kernel: build one with torch.utils.cpp_extension.load_inline")
-    elif device == "cuda" and not _global_functions(native):  # in a macro too, however it is invoked
-        violations.append("[no-kernel] no CUDA kernel: cuda_sources must define a __global__ kernel")
+    source = Source.read(tree, code)
+    violations = [v for check in CHECKS for v in check(source, device)]
     if rules == "kernelbench":
         violations = [v for v in violations if not v.startswith(KEVIN_ONLY)]
     if violations:
