@@ -266,9 +266,10 @@ def check_torch_ops(source: Source, device: str) -> list[str]:
     found = []
     for node in source.nodes(ast.Call):
         name = _dotted(node.func, source.aliases)
-        allowed = name and (name.startswith((*ALLOWED_TORCH_NAMESPACES, "torch.nn.", *source.own_ops))
-                            or name.split(".")[1] in ALLOWED_TORCH_CALLS)
-        if name and name.startswith("torch.") and not allowed:
+        if not (name and name.startswith("torch.")):
+            continue
+        if not (name.startswith((*ALLOWED_TORCH_NAMESPACES, "torch.nn.", *source.own_ops))
+                or name.split(".")[1] in ALLOWED_TORCH_CALLS):
             found.append(f"[torch-op] line {node.lineno}: the PyTorch op {name}() is not allowed: "
                          "the work must be done by your own kernel")
     return found
