@@ -74,7 +74,7 @@ from kevin.isolation import (cpu_seconds, finish_child, hidden_from_children, pe
                              start_fork_server, stop_child, stop_child_later, stop_every_child)
 from kevin.judge import judge
 from kevin.run_child import import_file, run
-from kevin.static_rules import RULES, extract_code, kernel_names, rejection, static_check
+from kevin.static_rules import RULE_PROFILES, extract_code, kernel_names, rejection, static_check
 
 ROOT = Path(__file__).resolve().parent
 STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
@@ -179,7 +179,7 @@ class EvalConfig:
                  ("sandbox", "off, auto or strict", self.sandbox in ("off", "auto", "strict")),
                  ("max_copy_share", "between 0 and 1", 0 <= self.max_copy_share <= 1),
                  ("max_reference_slowdown", "at least 1", self.max_reference_slowdown >= 1),
-                 ("rules", "kevin or kernelbench", self.rules in RULES),
+                 ("rules", "kevin or kernelbench", self.rules in RULE_PROFILES),
                  ("repeat_runs", "at least 1", self.repeat_runs >= 1),
                  ("repeat_tolerance", "at least 0", self.repeat_tolerance >= 0)]
         for name, rule, ok in rules:
@@ -233,19 +233,11 @@ def _build(payload: dict) -> dict:
 # The tolerances the judge compares with (kevin/judge.py decides; kevin/run_child.py runs the candidate)
 
 
-# KernelBench's own tolerances (atol = rtol) per output dtype, in its versions after the one Kevin used (1e-2 for
-# all); other dtypes get fp32's.
-KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
-KEVIN_TOLERANCE = 1e-2
-
-
 def tolerances(cfg: EvalConfig) -> dict[str, list[float]]:
-    """[atol, rtol] per output dtype ('other': the rest): the flags where given, else the rules' defaults."""
-    def default(dtype: str) -> float:
-        return KERNELBENCH_TOLERANCE.get(dtype, KERNELBENCH_TOLERANCE["float32"]) if cfg.rules == "kernelbench" \
-            else KEVIN_TOLERANCE
-    return {dtype: [default(dtype) if cfg.atol is None else cfg.atol, default(dtype) if cfg.rtol is None else cfg.rtol]
-            for dtype in (*KERNELBENCH_TOLERANCE, "other")}
+    """[atol, rtol] per output dtype ('other': the rest): the flags where given, else the rules' own."""
+    own = RULE_PROFILES[cfg.rules].tolerance
+    return {dtype: [own[dtype] if cfg.atol is None else cfg.atol, own[dtype] if cfg.rtol is None else cfg.rtol]
+            for dtype in own}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -368,7 +360,7 @@ KERNELS_MUST_RUN = 1e-9
 def own_kernel_share_needed(cfg: EvalConfig) -> float:
     """The share the profiler holds the candidate to: --min-own-kernel-share under kevin; under kernelbench, whose
     candidates may leave the heavy op to PyTorch, only that its kernels run (unless the check is off)."""
-    if cfg.rules == "kevin" or cfg.min_own_kernel_share == 0:
+    if not RULE_PROFILES[cfg.rules].torch_allowed or cfg.min_own_kernel_share == 0:
         return cfg.min_own_kernel_share
     return KERNELS_MUST_RUN
 

@@ -52,7 +52,7 @@ from tqdm import tqdm
 
 from evaluate import EvalConfig, evaluate, load_tasks as index_tasks, resolve_device
 from kevin.backends import HFBackend, OpenAIBackend, VLLMBackend, check_model, check_vllm
-from kevin.static_rules import FENCE, RULES as RULE_PROFILES, extract_code
+from kevin.static_rules import FENCE, RULE_PROFILES, extract_code
 from kevin.tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parent
@@ -88,13 +88,6 @@ names in `functions`. Inside C++, only allocate outputs (e.g. `torch::empty_like
 summarising the changes you made.""",
 }
 
-# What PyTorch a solution may use, per rule profile (evaluate.py's --rules).
-TORCH_RULE = {
-    "kevin": "- Do not use torch.nn modules, torch.nn.functional or any other PyTorch operator for the computation. "
-             "From torch.nn only Parameter, containers (Module, ModuleList, ParameterList, ...) and init are allowed.",
-    "kernelbench": "- You may keep PyTorch operators and torch.nn layers for the parts you do not replace, but your "
-                   "own kernels must do the rest and must run in `forward`.",
-}
 PARAMETERS_RULE = (
     "- The same seed is set before building `Model` and before building `ModelNew`. Where you replace a torch.nn "
     "layer, create its parameters with the same shapes and the same init calls, in the same order, as the layer "
@@ -238,7 +231,7 @@ def render_prompt(source: str, attempts: list[dict], first_turn: bool, device: s
     """The user message of one turn; `attempts` are earlier turn records (code, summary, eval); `rules`, the rule
     profile that judges (evaluate.py's --rules)."""
     kind = "cpu" if device == "cpu" else "cuda"
-    parts = [RULES[kind].format(torch_rule=TORCH_RULE[rules], parameters_rule=PARAMETERS_RULE)]
+    parts = [RULES[kind].format(torch_rule=RULE_PROFILES[rules].prompt_line, parameters_rule=PARAMETERS_RULE)]
     if first_turn:
         parts.append(EXAMPLE.format(model=EXAMPLE_MODEL, solution=EXAMPLE_SOLUTION[kind], summary=EXAMPLE_SUMMARY))
     parts.append(TASK.format(source=source if source.endswith("\n") else source + "\n"))

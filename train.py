@@ -84,7 +84,7 @@ from kevin.batching import Sample, collate, put_logprob_head, reply_logprobs
 from evaluate import EvalConfig
 from generate import Task, load_tasks, run_turn
 from kevin.backends import HFBackend, check_model, check_vllm
-from kevin.static_rules import RULES as RULE_PROFILES
+from kevin.static_rules import RULE_PROFILES
 from kevin.tiny_model import build_tiny_model
 from kevin.vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 

@@ -11,8 +11,28 @@ import ast
 import re
 from dataclasses import dataclass
 
-# The rule profiles (--rules), and how the feedback names the one that judged.
-RULES = {"kevin": "Kevin's rules (the paper's)", "kernelbench": "KernelBench's rules"}
+@dataclass(frozen=True)
+class RuleProfile:
+    """What a rule profile (--rules) decides, in one place: how feedback names it, the tolerance (atol = rtol) per
+    output dtype ("other": the rest), whether PyTorch ops and torch.nn layers may do what the candidate's kernels
+    do not (then its kernels need only run, and KEVIN_ONLY rules do not apply), and the prompt's line about it."""
+    title: str
+    tolerance: dict[str, float]
+    torch_allowed: bool
+    prompt_line: str
+
+
+RULE_PROFILES = {
+    "kevin": RuleProfile(
+        "Kevin's rules (the paper's)", {"float32": 1e-2, "float16": 1e-2, "bfloat16": 1e-2, "other": 1e-2}, False,
+        "- Do not use torch.nn modules, torch.nn.functional or any other PyTorch operator for the computation. "
+        "From torch.nn only Parameter, containers (Module, ModuleList, ParameterList, ...) and init are allowed."),
+    # KernelBench's tolerances in its versions after the one Kevin used (1e-2 for all)
+    "kernelbench": RuleProfile(
+        "KernelBench's rules", {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2, "other": 1e-4}, True,
+        "- You may keep PyTorch operators and torch.nn layers for the parts you do not replace, but your "
+        "own kernels must do the rest and must run in `forward`."),
+}
 
 FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
@@ -160,7 +180,7 @@ def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
 
 def rejection(rules: str, reasons: list[str]) -> str:
     """The feedback of a rejection: the rules that judged, then each rule broken."""
-    return f"Rejected by {RULES[rules]}:\n" + "\n".join(f"- {r}" for r in reasons)
+    return f"Rejected by {RULE_PROFILES[rules].title}:\n" + "\n".join(f"- {r}" for r in reasons)
 
 
 # Rules that only the paper's profile has: KernelBench lets PyTorch do what the candidate's kernels do not.
@@ -308,7 +328,7 @@ def static_check(code: str, device: str, rules: str = "kevin") -> tuple[str, str
         return "format_error", "The code defines no `class ModelNew(torch.nn.Module)`."
     source = Source.read(tree, code)
     violations = [v for check in CHECKS for v in check(source, device)]
-    if rules == "kernelbench":
+    if RULE_PROFILES[rules].torch_allowed:
         violations = [v for v in violations if not v.startswith(KEVIN_ONLY)]
     if violations:
         return "rejected", rejection(rules, list(dict.fromkeys(violations))[:10])

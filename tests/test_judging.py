@@ -16,6 +16,7 @@ import evaluate as ev
 import generate
 from kevin import judge
 from kevin.backends import Reply
+from kevin.static_rules import RULE_PROFILES
 from kevin import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,8 +233,9 @@ def test_copy_parameters_copies_only_shapes_that_match_once_on_each_side():
 def test_the_prompt_states_the_rules_that_judge_and_how_parameters_must_be_made():
     kevin = generate.render_prompt("class Model: pass\n", [], True, "cuda")[0]["content"]
     kernelbench = generate.render_prompt("class Model: pass\n", [], True, "cpu", "kernelbench")[0]["content"]
-    assert generate.TORCH_RULE["kevin"] in kevin and generate.TORCH_RULE["kernelbench"] not in kevin
-    assert generate.TORCH_RULE["kernelbench"] in kernelbench and generate.TORCH_RULE["kevin"] not in kernelbench
+    own, theirs = RULE_PROFILES["kevin"].prompt_line, RULE_PROFILES["kernelbench"].prompt_line
+    assert own in kevin and theirs not in kevin
+    assert theirs in kernelbench and own not in kernelbench
     assert generate.PARAMETERS_RULE in kevin and generate.PARAMETERS_RULE in kernelbench
 
 
@@ -258,7 +260,7 @@ def test_generate_passes_its_rules_to_the_evaluator_and_the_prompt(tmp_path):
                    "--device", "cpu", "--rules", "kernelbench"], backend=backend)
     [turn] = json.loads(out.read_text())["turns"]
     assert turn["eval"]["rules"] == "kernelbench" and turn["eval"]["status"] == "format_error"
-    assert generate.TORCH_RULE["kernelbench"] in backend.prompts[0][0]["content"]
+    assert RULE_PROFILES["kernelbench"].prompt_line in backend.prompts[0][0]["content"]
 
 
 def test_train_and_generate_take_the_rules_flag_with_the_papers_as_default():
