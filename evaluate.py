@@ -41,6 +41,11 @@ Usage:
 """
 from __future__ import annotations
 
+from kevin.startup import quiet_ctrl_c_while_starting, started
+
+if __name__ == "__main__":
+    quiet_ctrl_c_while_starting("before evaluating anything")
+
 import argparse
 import collections
 import itertools
@@ -716,6 +721,7 @@ def main(argv=None):
             out.flush()
             written.append(result)
 
+    started()  # from here on, a Ctrl-C is main's to report
     try:
         evaluate(records[done:], cfg, on_result=write_in_order)
     except KeyboardInterrupt:  # evaluate has dropped what its stopped children would have said

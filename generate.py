@@ -22,7 +22,8 @@ Run:
 
 Output: one JSON line per trajectory (see README, "Data formats"; turns numbered from 1), appended when
 its group of tasks finishes; a re-run with the same --out skips the (task, trajectory) pairs already
-written. `--out -` (or a pipe) streams the lines to stdout instead, with nothing to resume; progress
+written. A Ctrl-C drops the group under way and says in one line how many are written (exit status 130).
+`--out -` (or a pipe) streams the lines to stdout instead, with nothing to resume; progress
 and the summary table always go to stderr. The evaluation device is checked before anything is
 generated, and a --model that is neither a local folder nor a cached or reachable hub id stops the run
 before loading.
@@ -33,6 +34,11 @@ so the whole loop is meaningful without a GPU. The openai backend cannot see tok
 none and estimates a prompt's length as characters / 4. The hf backend keeps every step's scores to
 get log-probs, which suits small models and tests; use vllm for real runs.
 """
+
+from kevin.startup import quiet_ctrl_c_while_starting, started
+
+if __name__ == "__main__":
+    quiet_ctrl_c_while_starting("before writing anything")
 
 import argparse
 import json
@@ -497,7 +503,8 @@ def open_out(out: str, stream: bool):
 
 
 def main(argv=None, backend=None) -> None:
-    """Run from the command line; `backend` replaces the one --backend names (it must have the same methods)."""
+    """Run from the command line; `backend` replaces the one --backend names (it must have the same methods). A
+    Ctrl-C says in one line how many trajectories are written (a re-run goes on from there) and exits with 130."""
     args = parse_args(argv)
     tasks = load_tasks(args.tasks, args.split)
     device = kernel_device(args)
@@ -507,16 +514,23 @@ def main(argv=None, backend=None) -> None:
     todo = [(task, k) for task in tasks for k in range(args.n_trajectories) if (task.id, k) not in done]
     print(f"{len(tasks)} tasks x {args.n_trajectories} trajectories: {len(done)} already in {args.out}, "
           f"{len(todo)} to run (kernels for {device})", file=sys.stderr)
+    started()  # from here on, a Ctrl-C is main's to report
     written = []
-    if todo:
-        backend = backend or make_backend(args)
-        with open_out(args.out, stream) as f:
-            for records in roll_out(todo, backend, args, device):
-                f.write("".join(json.dumps(record) + "\n" for record in records))
-                f.flush()
-                written += records
-    ids = {task.id for task in tasks}
-    print(summary_table([r for r in earlier + written if r["task"] in ids]), file=sys.stderr)
+    try:
+        if todo:
+            backend = backend or make_backend(args)
+            with open_out(args.out, stream) as f:
+                for records in roll_out(todo, backend, args, device):
+                    f.write("".join(json.dumps(record) + "\n" for record in records))
+                    f.flush()
+                    written += records
+        ids = {task.id for task in tasks}
+        print(summary_table([r for r in earlier + written if r["task"] in ids]), file=sys.stderr)
+    except KeyboardInterrupt:  # evaluate has stopped its children; a group cut short is not written
+        total, resume = len(tasks) * args.n_trajectories, "" if stream else "; re-run to resume"
+        print(f"interrupted: {total - len(todo) + len(written)} of {total} trajectories written{resume}",
+              file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -36,14 +36,27 @@ Output (--out): the model with its tokenizer and generation config (train.py --m
 library, the examples per turn, the loss, and a sampling check: of the replies sampled at the RL
 temperature, how many parse, how many are a library variant word for word, how many distinct new
 kernels appear), and a summary table.
+
+Resuming: every --save-every steps, after the last step, and after the step under way when a Ctrl-C comes (the run
+then stops with one line and exit status 130), --out/checkpoint.pt saves the model, the optimizer, the losses and
+the library's evaluations. A re-run with the same --out and training flags goes on from there: the library is not
+evaluated again (the prompts quote the same feedback) and training sees the batches an uninterrupted run would.
+The checkpoint is removed once the outputs are written.
 """
+
+from kevin.startup import quiet_ctrl_c_while_starting, started
+
+if __name__ == "__main__":
+    quiet_ctrl_c_while_starting("before training")
 
 import argparse
 import ast
+import itertools
 import json
 import math
 import random
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -55,15 +68,16 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import reward
-from kevin.batching import Sample, collate, reply_logits, token_logprobs
 from evaluate import STATUSES, EvalConfig, evaluate, library_records
 from generate import load_tasks, parse_reply, render_prompt
 from kevin.backends import ChatTokens, HFBackend, token_progress
+from kevin.batching import Sample, collate, reply_logits, token_logprobs
 from kevin.tiny_model import build_tiny_model, random_qwen2
 
 REPO = Path(__file__).resolve().parent
 LIBRARY = REPO / "solutions" / "warm_start"
 DEFAULT_TASKS = {"cuda": LIBRARY / "tasks", "cpu": REPO / "tests" / "tasks"}
+CHECKPOINT = "checkpoint.pt"  # in --out until the run is done: what a re-run with the same --out goes on from
 
 
 # ---------------------------------------------------------------- the library
@@ -223,18 +237,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4, help="examples per gradient step")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW), warm-up 5%%, cosine to 10%%")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the histories and the shuffling")
+    p.add_argument("--save-every", type=int, default=200,
+                   help="steps between checkpoints (--out/checkpoint.pt; also after the last step and on a Ctrl-C), "
+                        "which a re-run with the same --out resumes from")
     # check
     p.add_argument("--check-samples", type=int, default=16,
                    help="replies sampled per check prompt (the turn-1 prompt and one later-turn prompt per turn, "
                         "per task); 0: greedy check only")
     p.add_argument("--temperature", type=float, default=0.9, help="sampling temperature of the check (train.py's)")
     # output
-    p.add_argument("--out", required=True, help="output folder: model, tokenizer, library_evals.jsonl, warm_start.json")
+    p.add_argument("--out", required=True, help="output folder: model, tokenizer, library_evals.jsonl, warm_start.json; "
+                   "while the run is under way, the checkpoint.pt a re-run with the same --out resumes from")
     args = p.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.library = Path(args.library or LIBRARY / args.device)
     args.tasks = Path(args.tasks or DEFAULT_TASKS[args.device])
-    for flag in ("turns", "paths", "layers", "hidden", "epochs", "batch_size"):
+    for flag in ("turns", "paths", "layers", "hidden", "epochs", "batch_size", "save_every"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"error: --{flag.replace('_', '-')} must be at least 1")
     if args.hidden % 64:
@@ -254,18 +272,21 @@ def say(accelerator, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def judge_library(variants: list[dict], tasks_folder: Path, device: str, turns: int, accelerator) -> None:
+def judge_library(variants: list[dict], tasks_folder: Path, device: str, turns: int, accelerator,
+                  evals: list[dict] | None = None) -> None:
     """Give each variant its "score" and, where later turns quote feedback (turns > 1), its "eval": one
-    evaluation on the main process, sent to every rank; a verdict other than the file name's is a warning."""
+    evaluation on the main process, sent to every rank, unless `evals` (a resumed run's) are given; a verdict
+    other than the file name's is a warning."""
     if turns == 1:
         for v in variants:
             v["score"] = 0.0
         return
-    evals = [None]
-    if accelerator.is_main_process:
-        evals = [evaluate([{"task": v["task"], "code": v["code"]} for v in variants],
-                          EvalConfig(device=device, tasks=str(tasks_folder)))]
-    evals = broadcast_object_list(evals)[0]
+    if evals is None:
+        evals = [None]
+        if accelerator.is_main_process:
+            evals = [evaluate([{"task": v["task"], "code": v["code"]} for v in variants],
+                              EvalConfig(device=device, tasks=str(tasks_folder)))]
+        evals = broadcast_object_list(evals)[0]
     for v, result in zip(variants, evals):
         v["eval"], v["score"] = result, reward.turn_score(result)
         if result["status"] != expected_status(v["variant"]):
@@ -291,36 +312,82 @@ def training_samples(examples: list[dict], model, tokenizer) -> list[Sample]:
             for e in examples]
 
 
-def fine_tune(args: argparse.Namespace, accelerator, model, samples: list[Sample], pad_id: int):
+def training_flags(args: argparse.Namespace) -> dict:
+    """The flags that decide what is trained: a checkpoint is resumed only by a run with the same ones."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+            if k not in ("out", "save_every", "check_samples", "temperature")}
+
+
+def load_checkpoint(args: argparse.Namespace) -> dict:
+    """What this run goes on from: the checkpoint an interrupted run left in --out (its training flags must be
+    these), else a fresh start with no steps done."""
+    path, flags = Path(args.out) / CHECKPOINT, training_flags(args)
+    if not path.exists():
+        return {"flags": flags, "losses": []}
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    changed = next((k for k in flags if checkpoint["flags"].get(k) != flags[k]), None)
+    if changed:
+        raise SystemExit(f"error: --out {args.out} holds an interrupted run with --{changed.replace('_', '-')} "
+                         f"{checkpoint['flags'].get(changed)}; give its flags to resume it, or another --out")
+    return checkpoint
+
+
+def save_checkpoint(path: Path, checkpoint: dict) -> None:
+    """Written beside the last one, then renamed over it: a Ctrl-C or a crash while writing leaves that one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+
+
+def fine_tune(args: argparse.Namespace, accelerator, model, samples: list[Sample], pad_id: int, checkpoint: dict):
     """(model, mean loss per epoch): --epochs passes of the reply-token log-likelihood, the model unwrapped
-    and in eval mode after."""
+    and in eval mode after. Goes on from `checkpoint` (a resumed run's losses, model and optimizer), kept
+    current and saved every --save-every steps, after the last, and on a Ctrl-C after the step under way
+    (whichever process had it), which then stops the run."""
     loader = torch.utils.data.DataLoader(samples, batch_size=args.batch_size, shuffle=True,
                                          collate_fn=lambda chunk: collate(chunk, pad_id))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    if "model" in checkpoint:
+        model.load_state_dict(checkpoint.pop("model"))
+        optimizer.load_state_dict(checkpoint.pop("optimizer"))
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     model.train()
-    total = args.epochs * len(loader)
+    total = checkpoint["steps"] = args.epochs * len(loader)
     warmup = max(1, total // 20)
-    losses, step = [], 0
-    bar = tqdm(total=total, desc="warm start", unit="step", disable=not accelerator.is_main_process, file=sys.stderr)
-    for epoch in range(args.epochs):
-        epoch_loss = []
-        for batch in loader:
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, total, args.lr, warmup)
-            logprobs = token_logprobs(reply_logits(model, batch), batch["targets"], 1.0)
-            loss = -logprobs[batch["reply_mask"]].mean()
-            accelerator.backward(loss)
-            accelerator.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad()
-            epoch_loss.append(loss.item())
-            step += 1
-            bar.update(1)
-        losses.append(sum(epoch_loss) / len(epoch_loss))
-        bar.set_postfix(epoch=f"{epoch + 1}/{args.epochs}", loss=f"{losses[-1]:.4f}")
-    bar.close()
-    return accelerator.unwrap_model(model).eval(), losses
+    losses, path = checkpoint["losses"], Path(args.out) / CHECKPOINT  # a loss per step done
+    if losses:
+        say(accelerator, f"resuming from {path} at step {len(losses)} of {total}")
+    bar = tqdm(total=total, initial=len(losses), desc="warm start", unit="step",
+               disable=not accelerator.is_main_process, file=sys.stderr)
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, lambda signum, frame: accelerator.set_trigger())
+    try:
+        for epoch in range(len(losses) // len(loader), args.epochs):
+            set_seed(args.seed + epoch)  # the epoch's order from the seed and the epoch alone, resumed or not
+            for batch in itertools.islice(loader, len(losses) - epoch * len(loader), None):
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate(len(losses), total, args.lr, warmup)
+                logprobs = token_logprobs(reply_logits(model, batch), batch["targets"], 1.0)
+                loss = -logprobs[batch["reply_mask"]].mean()
+                accelerator.backward(loss)
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+                losses.append(loss.item())
+                bar.update(1)
+                stop = accelerator.check_trigger()  # on every process, so that all stop after the same step
+                if (stop or len(losses) % args.save_every == 0 or len(losses) == total) and accelerator.is_main_process:
+                    save_checkpoint(path, {**checkpoint, "model": accelerator.unwrap_model(model).state_dict(),
+                                           "optimizer": optimizer.state_dict()})
+                if stop:
+                    raise KeyboardInterrupt
+            bar.set_postfix(epoch=f"{epoch + 1}/{args.epochs}", loss=f"{sum(losses[-len(loader):]) / len(loader):.4f}")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        bar.close()
+    per_epoch = [sum(losses[i:i + len(loader)]) / len(loader) for i in range(0, total, len(loader))]
+    return accelerator.unwrap_model(model).eval(), per_epoch
 
 
 def check_prompts(examples: list[dict]) -> list[dict]:
@@ -347,9 +414,27 @@ def write_outputs(args: argparse.Namespace, model, tokenizer, variants: list[dic
 
 
 def main(argv=None) -> None:
+    """Run from the command line. A Ctrl-C says in one line what is saved (a re-run with the same --out resumes
+    from it) and exits with status 130."""
     args = parse_args(argv)
-    started = time.perf_counter()
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    checkpoint = load_checkpoint(args)
+    started()  # from here on, a Ctrl-C is main's to report
+    try:
+        run(args, accelerator, checkpoint)
+    except KeyboardInterrupt:  # evaluate has stopped its children; fine_tune has saved the step it finished
+        path = Path(args.out) / CHECKPOINT
+        if path.exists():
+            say(accelerator, f"interrupted: step {len(checkpoint['losses'])} of {checkpoint['steps']} saved in {path}; "
+                             "re-run with the same --out to resume")
+        else:
+            say(accelerator, "interrupted: before training, nothing saved")
+        raise SystemExit(130) from None
+
+
+def run(args: argparse.Namespace, accelerator, checkpoint: dict) -> None:
+    """Judge the library, build the examples and the model, fine-tune from `checkpoint`, check, write."""
+    started = time.perf_counter()
     set_seed(args.seed)
 
     variants = load_library(args.library)
@@ -357,9 +442,10 @@ def main(argv=None) -> None:
     missing = sorted({v["task"] for v in variants} - set(tasks))
     if missing:
         raise SystemExit(f"error: --tasks {args.tasks} has no task {missing[0]} (named by the library's files)")
-    if args.turns > 1:
+    if args.turns > 1 and "evals" not in checkpoint:
         say(accelerator, f"evaluating the library: {len(variants)} variants on {args.device}")
-    judge_library(variants, args.tasks, args.device, args.turns, accelerator)
+    judge_library(variants, args.tasks, args.device, args.turns, accelerator, checkpoint.get("evals"))
+    checkpoint["evals"] = [v.get("eval") for v in variants]
     rng = random.Random(args.seed)
     examples = []
     for task_id in sorted({v["task"] for v in variants}):
@@ -373,7 +459,7 @@ def main(argv=None) -> None:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     samples = training_samples(examples, model, tokenizer)
     longest_reply = max(len(s.reply_ids) for s in samples)
-    model, losses = fine_tune(args, accelerator, model, samples, pad_id)
+    model, losses = fine_tune(args, accelerator, model, samples, pad_id, checkpoint)
 
     library_codes = {v["code"] for v in variants}
     prompts = check_prompts(examples)
@@ -403,6 +489,7 @@ def main(argv=None) -> None:
         write_outputs(args, model, tokenizer, variants, report)
         accelerator.print(summary_table(report))
         accelerator.print(f"model: {Path(args.out)}   report: {Path(args.out) / 'warm_start.json'}")
+        (Path(args.out) / CHECKPOINT).unlink()  # the run is done: nothing to resume
 
 
 def summary_table(report: dict) -> str:

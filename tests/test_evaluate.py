@@ -704,6 +704,25 @@ def start_for_ctrl_c(command: list[str]) -> subprocess.Popen:
         signal.signal(signal.SIGINT, previous)
 
 
+def ctrl_c_while_torch_loads(command: list[str]) -> tuple[int, str]:
+    """(exit status, stderr) of `command` given a Ctrl-C to its whole group as soon as its process maps torch's
+    library, well before `import torch` returns."""
+    proc = start_for_ctrl_c(command)
+    maps, deadline = Path(f"/proc/{proc.pid}/maps"), time.monotonic() + 60
+    while proc.poll() is None and b"libtorch" not in maps.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    return proc.returncode, stderr
+
+
+def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
+    returncode, stderr = ctrl_c_while_torch_loads([sys.executable, str(ROOT / "evaluate.py"), "-o",
+                                                   str(tmp_path / "o.jsonl"), "--device", "cpu"])
+    assert returncode == 130, stderr
+    assert stderr.splitlines() == ["interrupted: while starting, before evaluating anything"], stderr
+
+
 def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
     """Ctrl-C while the spinning candidate is being checked: the child our shutdown kills is no result. The
     correct one runs before or after it (builds finish in any order), so it is written or not yet run."""

@@ -2,9 +2,12 @@
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import torch
 import generate
 from evaluate import STATUSES
 from generate import EXAMPLE_MODEL, EXAMPLE_SOLUTION, EXAMPLE_SUMMARY, fit_prompt, parse_reply, render_prompt, split_reasoning
+from test_evaluate import ctrl_c_while_torch_loads, start_for_ctrl_c
 from kevin.backends import HFBackend, OpenAIBackend, Reply
 from kevin.static_rules import extract_code
 from kevin.tiny_model import build_tiny_model
@@ -249,6 +253,40 @@ def test_the_summary_after_a_resume_covers_the_whole_output(tmp_path, tiny_backe
 
 def test_summary_of_no_trajectories_says_no_rows():
     assert generate.summary_table([]) == "no rows: no trajectories to summarise"
+
+
+# ---------------------------------------------------------------- Ctrl-C
+def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
+    returncode, stderr = ctrl_c_while_torch_loads([sys.executable, str(ROOT / "generate.py"), "--out",
+                                                   str(tmp_path / "o.jsonl"), "--device", "cpu"])
+    assert returncode == 130 and stderr.splitlines() == ["interrupted: while starting, before writing anything"], stderr
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_ctrl_c_says_how_many_trajectories_are_written_and_a_rerun_does_the_rest(tmp_path, tiny_backend, capsys):
+    """Ctrl-C to the whole foreground group once the first task's trajectories are written, while the second
+    task's are generated or evaluated: one line, exit 130, and the file holds what the line says."""
+    write_add_task(tmp_path / "tasks")
+    (tmp_path / "tasks" / "toy" / "add_again.py").write_text(EXAMPLE_MODEL)
+    out = tmp_path / "rollouts.jsonl"
+    argv = run_args(tmp_path / "tasks", out, "--tasks-per-batch", "1", "--max-tokens", "16")
+    proc = start_for_ctrl_c([sys.executable, str(ROOT / "generate.py"), *argv])
+    deadline = time.monotonic() + 300
+    while not (out.exists() and out.read_text()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.splitlines()[-1] == "interrupted: 2 of 4 trajectories written; re-run to resume", stderr[-3000:]
+    written = read_records(out)
+    assert [(r["task"], r["trajectory"], len(r["turns"])) for r in written] == [("toy/add", 0, 2), ("toy/add", 1, 2)]
+
+    capsys.readouterr()
+    generate.main(argv, backend=tiny_backend)
+    assert "2 tasks x 2 trajectories: 2 already in" in capsys.readouterr().err
+    records = read_records(out)
+    assert records[:2] == written and [r["task"] for r in records[2:]] == ["toy/add_again"] * 2
 
 
 class ScriptedBackend:

@@ -1,15 +1,21 @@
 """warm_start.py: the variant library, the prompt -> reply pairs it makes, and a short fine-tune that memorises."""
 import json
+import os
 import random
 import re
 import shutil
+import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import evaluate
 import warm_start as ws
 from generate import load_tasks, parse_reply
+from test_evaluate import ctrl_c_while_torch_loads, start_for_ctrl_c
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARIES = {"cuda": ROOT / "solutions" / "warm_start" / "cuda", "cpu": ROOT / "solutions" / "warm_start" / "cpu"}
@@ -113,3 +119,59 @@ def test_every_phase_shows_progress_on_stderr(tmp_path, capsys):
     assert all(phase in err for phase in phases), err[-2000:]
     order = [err.index(phases[0]), err.index(phases[3]), err.index(phases[4])]
     assert order == sorted(order)
+
+
+def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
+    returncode, stderr = ctrl_c_while_torch_loads([sys.executable, str(ROOT / "warm_start.py"), "--out",
+                                                   str(tmp_path / "model")])
+    assert returncode == 130 and stderr.splitlines() == ["interrupted: while starting, before training"], stderr
+    assert not (tmp_path / "model").exists()
+
+
+def short_library(folder: Path) -> Path:
+    """Three variants of a few tokens (never evaluated with --turns 1): three steps an epoch, and a quick check."""
+    (folder / "level1").mkdir(parents=True)
+    for name in ("correct_a", "correct_b", "incorrect_c"):
+        (folder / "level1" / f"7_ReLU.{name}.py").write_text(f'"""Variant {name}."""\nx = "{name}"\n')
+    return folder
+
+
+def test_ctrl_c_saves_the_step_under_way_and_a_rerun_resumes_to_an_uninterrupted_runs_result(tmp_path, capsys):
+    """Ctrl-C to the whole foreground group once the first checkpoint is saved: the step under way ends and is saved,
+    and the one line says which; a re-run with the same --out goes on from it and ends with the losses of a run never
+    interrupted (the same model, optimizer and batches: a fresh optimizer or another order would change them)."""
+    flags = ["--device", "cpu", "--library", str(short_library(tmp_path / "library")), "--turns", "1", "--layers", "1",
+             "--hidden", "64", "--epochs", "2", "--batch-size", "1", "--check-samples", "0", "--save-every", "2"]
+    out = tmp_path / "model"
+    checkpoint = out / ws.CHECKPOINT
+    proc = start_for_ctrl_c([sys.executable, str(ROOT / "warm_start.py"), *flags, "--out", str(out)])
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    step = len(torch.load(checkpoint, weights_only=True)["losses"])
+    assert stderr.splitlines()[-1] == (f"interrupted: step {step} of 6 saved in {checkpoint}; re-run with the same "
+                                       "--out to resume"), stderr[-3000:]
+    assert 2 <= step <= 6 and not (out / "warm_start.json").exists()
+
+    capsys.readouterr()
+    ws.main([*flags, "--out", str(out)])
+    assert f"resuming from {checkpoint} at step {step} of 6" in capsys.readouterr().err
+    assert not checkpoint.exists()  # the run is done
+    ws.main([*flags, "--out", str(tmp_path / "uninterrupted")])
+    resumed, uninterrupted = (json.loads((tmp_path / run / "warm_start.json").read_text())["loss_per_epoch"]
+                              for run in ("model", "uninterrupted"))
+    assert resumed == pytest.approx(uninterrupted, rel=1e-6, abs=0)
+
+
+def test_a_checkpoint_of_other_training_flags_is_a_one_line_error(tmp_path):
+    """Resuming it would train on with another schedule or model; the check's and the output's flags may change."""
+    saved = ws.parse_args(["--device", "cpu", "--epochs", "3", "--out", str(tmp_path)])
+    torch.save({"flags": ws.training_flags(saved), "losses": [1.0]}, tmp_path / ws.CHECKPOINT)
+    with pytest.raises(SystemExit, match=f"error: --out {tmp_path} holds an interrupted run with --epochs 3; give its"):
+        ws.load_checkpoint(ws.parse_args(["--device", "cpu", "--epochs", "4", "--out", str(tmp_path)]))
+    same = ws.parse_args(["--device", "cpu", "--epochs", "3", "--check-samples", "2", "--save-every", "9",
+                          "--out", str(tmp_path)])
+    assert ws.load_checkpoint(same)["losses"] == [1.0]
