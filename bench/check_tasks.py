@@ -5,7 +5,7 @@ first output must not be nearly constant, must change with the inputs, and (wher
 parameters) with them. Exit status 1 if any task is flagged.
 
     python bench/check_tasks.py tasks/
-    python bench/check_tasks.py tasks --device cpu      # results/check_tasks_cpu.md
+    python bench/check_tasks.py tasks --device cpu > results/check_tasks_cpu.md   # the table; progress on stderr
 """
 import argparse
 import sys
@@ -49,7 +49,8 @@ def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) 
 
 
 def check_tasks(folder: str, device: str) -> int:
-    """Print a table of every task's flags; the number of flagged tasks."""
+    """Print a table of every task's flags on stdout, so `> file.md` keeps it (progress goes to stderr); the
+    number of flagged tasks."""
     tasks = ev.load_tasks(folder)
     flagged = 0
     lines = ["| task | flags |", "|---|---|"]
@@ -57,7 +58,7 @@ def check_tasks(folder: str, device: str) -> int:
         flags = check_task(path, device)
         flagged += bool(flags)
         lines.append(f"| {task_id} | {'; '.join(flags) or 'ok'} |")
-    print("\n".join(lines) + f"\n\n{flagged} of {len(tasks)} tasks flagged", file=sys.stderr)
+    print("\n".join(lines) + f"\n\n{flagged} of {len(tasks)} tasks flagged")
     return flagged
 
 

@@ -43,7 +43,7 @@ tokens (the random model's positions) where the listed lengths all fit.
     python bench/grpo_step.py --rows tiny:full:16 tiny:lora:64 --out /tmp/grpo_step.json   # the CPU, toy sizes
 
 Rows are written to --out as each finishes (a JSON list); a re-run skips the rows already there. TRL is a
-benchmark-only dependency (README: carried wheels), as is DeepSpeed for zero3_offload. Rows: model ("tiny",
+benchmark-only dependency (docs/training.md: carried wheels), as is DeepSpeed for zero3_offload. Rows: model ("tiny",
 "0.5b", "7b": Qwen2.5-7B's shape, untied embeddings, 7.6B parameters), mode ("full", "lora" rank 16 on
 every linear layer, "zero3_offload"), reply_tokens, side, tokens_per_s, peak_gib, fits, the batch
 (prompt_tokens, samples, micro_batch), the work counted (forwards, forward_tokens, optimizer_steps), loss,
@@ -52,6 +52,7 @@ process's peak resident memory: where ZeRO-Offload keeps the optimizer), wall_s,
 memory_gib: what its update says held its first window's peak (weights, gradients, optimizer, activations; GPU).
 """
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -133,6 +134,9 @@ def parse_args(argv=None):
             raise SystemExit(f"--rows {row}: zero3_offload needs a GPU (DeepSpeed)")
         if args.prompt_tokens + int(reply) > POSITIONS:
             raise SystemExit(f"--rows {row}: prompt + reply is over the model's {POSITIONS} positions")
+    if "trl" in args.sides and not args.child and importlib.util.find_spec("trl") is None:  # not rows of failures
+        raise SystemExit("error: --sides trl, but TRL is not installed (pip install trl; docs/training.md); "
+                         "--sides project runs train.py's side alone")
     return args
 
 

@@ -55,6 +55,17 @@ def test_a_bad_row_is_a_one_line_error(tmp_path):
         "zero3_offload"]
 
 
+def test_without_trl_its_side_is_a_one_line_error_before_any_work(tmp_path, monkeypatch):
+    """Not a row of TRL's that says it does not fit: that would be a false result."""
+    monkeypatch.setitem(sys.modules, "trl", None)  # as if not installed: find_spec("trl") is None
+    out = tmp_path / "rows.json"
+    with pytest.raises(SystemExit) as exit:
+        grpo_step.main(["--rows", "tiny:full:16", "--out", str(out)])
+    assert str(exit.value) == ("error: --sides trl, but TRL is not installed (pip install trl; docs/training.md); "
+                               "--sides project runs train.py's side alone")
+    assert not out.exists()
+
+
 def test_trl_and_train_py_do_the_same_work_and_agree_on_loss_and_gradient_norms(tmp_path):
     pytest.importorskip("trl")
     out = tmp_path / "rows.json"
