@@ -69,11 +69,12 @@ def attack(device: str, what: str, **fills: str) -> str:
 
 
 def copy_project(folder: Path) -> Path:
-    """The project's Python files and the CPU-sized tasks, copied: the runs happen there."""
+    """The stage scripts, the package and the CPU-sized tasks, copied: the runs happen there."""
     project = folder / "project"
     project.mkdir(parents=True)
     for f in ROOT.glob("*.py"):
         shutil.copy2(f, project / f.name)
+    shutil.copytree(ROOT / "kevin", project / "kevin", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "tests" / "tasks", project / "tests" / "tasks")
     return project
 
