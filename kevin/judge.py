@@ -271,16 +271,14 @@ def runner_cpu_s(pid: int) -> tuple[float, float]:
 
 def between_calls_ms(between: list, spans: dict, prefix: str) -> list[float]:
     """The GPU time of the kernels the runner ran after each timed call whose label starts with `prefix`, up to
-    the next call's window (after the last, to the end; for the clean calls, only gaps that another clean call
-    ends)."""
+    the next window of the same kind (after the last window of all, to the end): the gap after the last clean
+    call, which the import and the correctness checks fill, is left out."""
     order = sorted((tuple(span), label) for label, span in spans.items())
     gaps = []
-    for i, ((_, end), label) in enumerate(order):
-        following = order[i + 1] if i + 1 < len(order) else None
-        if not label.startswith(prefix) or (prefix == "null/" and not (following and following[1].startswith(prefix))):
-            continue
-        until = following[0][0] if following else math.inf
-        gaps.append(busy_ms([("", a, b) for a, b in between if end <= a < until]))
+    for ((_, end), label), following in zip(order, [*order[1:], None]):
+        if label.startswith(prefix) and (following is None or following[1].startswith(prefix)):
+            until = following[0][0] if following else math.inf
+            gaps.append(busy_ms([("", a, b) for a, b in between if end <= a < until]))
     return gaps
 
 
@@ -289,8 +287,8 @@ def charge_between_calls(rows: list, log: dict) -> tuple[list, float]:
     each, that time per call in ms): work launched before a call's window opens, or while its outputs are handed
     over (a rewritten synchronize or copy), is the call's too. The harness's own is what the clean calls spent
     between them, copying the same slots' worth of outputs."""
-    clean = between_calls_ms(log.get("between") or [], log.get("spans") or {}, "null/")
-    spent = between_calls_ms(log.get("between") or [], log.get("spans") or {}, "candidate/")
+    between, spans = log.get("between") or [], log.get("spans") or {}
+    clean, spent = between_calls_ms(between, spans, "null/"), between_calls_ms(between, spans, "candidate/")
     if not clean or not spent:
         return rows, 0.0
     extra = max(0.0, sum(spent) / len(spent) - BETWEEN_SLACK * _median(clean) - BETWEEN_SLACK_MS)
@@ -502,7 +500,8 @@ class Judge:
 
     def put_inputs(self, inputs: list) -> dict:
         """`inputs` written into their slots, and the part of the request that carries the rest (the values of
-        inputs that are not tensors)."""
+        inputs that are not tensors). On a GPU the writes are ordered before the runner's reads by the synchronize
+        of `clear_slots`, which every caller runs next."""
         values = []
         for slot, value in zip(self.arena.inputs, inputs):
             if slot is None:
@@ -513,8 +512,6 @@ class Judge:
             else:
                 slot.copy_(value)
                 values.append(None)
-        if self.cuda:  # written before the runner reads: no order holds between two processes' streams
-            torch.cuda.synchronize()
         return {"values": values}
 
     def clear_slots(self) -> None:
@@ -523,8 +520,8 @@ class Judge:
         for slot in self.arena.outputs:
             if slot is not None and slot.numel():
                 slot.view(-1).view(torch.uint8).fill_(0xFF)
-        if self.cuda:  # done before the runner writes: no order holds between two processes' streams
-            torch.cuda.synchronize()
+        if self.cuda:  # the inputs written and the slots cleared before the runner reads or writes: no order
+            torch.cuda.synchronize()  # holds between two processes' streams
 
     # ------------------------------------------------------------------------------------------ correctness
 
