@@ -32,6 +32,7 @@ import json
 import math
 import os
 import random
+import select
 import signal
 import time
 
@@ -58,6 +59,8 @@ BETWEEN_SLACK, BETWEEN_SLACK_MS = 1.1, 0.002
 # At most how many times slower than before the candidate was imported a loaded host may make the judge's own
 # one-element kernel, when it excuses a slower reference (`slowed_reference`).
 MAX_HOST_LOAD = 4.0
+# How long the judge waits for a killed runner to exit (its CUDA context released) before timing the reference alone.
+RUNNER_EXIT_S = 10.0
 
 
 def clone(inputs: list) -> list:
@@ -252,7 +255,7 @@ def slowed_reference(calls: dict, clean: dict, max_slowdown: float) -> str | Non
     load = min(MAX_HOST_LOAD, max(1.0, min(ms for _, ms, _ in calls["timer"]) / max(clean["timer"], 1e-6)))
     if beside > clean["reference"] * max_slowdown * load + 5e-3:
         return (f"[slowed-reference] the reference took {beside:.4g} ms (fastest call) beside the candidate and "
-                f"{clean['reference']:.4g} ms before it was imported: the candidate left work on the GPU")
+                f"{clean['reference']:.4g} ms without it: the candidate left work on the GPU")
     return None
 
 
@@ -442,14 +445,29 @@ class Judge:
         between_ms = 0.0
         if self.cuda and self.defend:
             candidate, between_ms = charge_between_calls(candidate, report)
-            why = unobserved_time(candidate, observed, harness["wall"]) or \
-                slowed_reference(calls, clean, self.payload["max_reference_slowdown"])
+            why = unobserved_time(candidate, observed, harness["wall"]) or self.slowed_reference(calls, clean, inputs)
             if why:
                 return self.rejected(why)
         medians = {name: _median([ms for _, ms, _ in rows]) for name, rows in {**calls, "candidate": candidate}.items()
                    if name != "timer"}
         return {"medians": medians, "trials": len(candidate), "max_abs_diff": worst, "max_rel_diff": worst_rel,
                 "times": self.times, "own_kernel_share": share, "between_calls_ms": between_ms}
+
+    def slowed_reference(self, calls: dict, clean: dict, inputs: list) -> str | None:
+        """`slowed_reference` against the reference timed before the candidate was imported, and where that finds
+        it slower, against the reference timed again once the runner is gone (killed, its CUDA context and any
+        work it left on the GPU with it): the candidate did it only if the reference is fast again without it.
+        Whatever else slowed it (a loaded host, other processes on the GPU) slows that control as well."""
+        limit = self.payload["max_reference_slowdown"]
+        if not slowed_reference(calls, clean, limit):
+            return None
+        os.killpg(self.payload["runner_pid"], signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            gone = os.pidfd_open(self.payload["runner_pid"])
+            select.select([gone], [], [], RUNNER_EXIT_S)  # readable once the process has exited
+            os.close(gone)
+        alone = [self.timer(self.reference, clone(inputs), "clean")[0] for _ in range(NULL_CALLS)]
+        return slowed_reference(calls, {**clean, "reference": min(alone[self.payload["warmup"]:] or alone)}, limit)
 
     def one_element(self) -> torch.Tensor:
         """The least a model can do on the GPU: one kernel on one element (the latency a loaded host adds)."""
