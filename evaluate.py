@@ -278,7 +278,17 @@ WEIGHTS_DIFFER = (" With the reference's parameters copied into ModelNew, the sa
 
 def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s: float,
                    rules: str = "kevin") -> dict:
-    """Turn what a build or run child sent back into an eval record with the text the model reads."""
+    """Turn what a build or run child sent back into an eval record with the text the model reads (and the GPU or
+    host memory its evaluation took, where the judge measured it)."""
+    result = _feedback(outcome, build_root=build_root, candidate_path=candidate_path, timeout_s=timeout_s, rules=rules)
+    if outcome.get("memory_mib"):
+        result["memory_mib"] = outcome["memory_mib"]
+    return result
+
+
+def _feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s: float, rules: str) -> dict:
+    if "no_room" in outcome:
+        return make_result("runtime_error", f"Not evaluated (no fault of the kernel's): {outcome['no_room']}.")
     if outcome.get("timeout"):
         return make_result("timeout", f"Timeout: the kernel did not finish within {timeout_s:.0f} s "
                            "(an infinite loop, a deadlock, or far too slow).")

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import random
+import resource
 import select
 import signal
 import time
@@ -46,6 +47,8 @@ from kevin.tensor_exchange import Arena
 # answer, whatever the tolerance: zeros pass allclose wherever every reference value is below atol (a softmax
 # over 10^5 columns), and score 1.0 here. Honest fp16 or TF32 arithmetic stays near 1e-3.
 SCALE_SHARE = 0.1
+# Elements compared at once (in float64): the comparison's own memory stays near 200 MB, however large the output.
+COMPARE_CHUNK = 1 << 22
 # Clean calls of the harness alone, before the candidate is imported: what a timed call costs with no model.
 NULL_CALLS = 20
 # How much longer than the harness alone (times, plus) the judge may see a GPU call take beyond its reported time.
@@ -61,6 +64,14 @@ BETWEEN_SLACK, BETWEEN_SLACK_MS = 1.1, 0.002
 MAX_HOST_LOAD = 4.0
 # How long the judge waits for a killed runner to exit (its CUDA context released) before timing the reference alone.
 RUNNER_EXIT_S = 10.0
+# GPU memory, in multiples of the task's footprint (the reference's parameters, one draw of inputs, its outputs and
+# working memory at its peak): the judge's allocations stay within JUDGE_MEMORY of it (one draw, its own copy of
+# the reference's outputs and of the candidate's; beside them the shared block of one draw's inputs and outputs and
+# the 256 MB flush), and the candidate's process may allocate RUNNER_MEMORY of it plus RUNNER_SPARE bytes (beside
+# the shared block, which the judge made). A candidate is judged only once the GPU has that much free; the judge
+# waits up to ADMISSION_WAIT_S for processes that are exiting to give theirs back.
+JUDGE_MEMORY, RUNNER_MEMORY, RUNNER_SPARE = 2, 1, 1 << 30
+ADMISSION_WAIT_S = 60.0
 
 
 def clone(inputs: list) -> list:
@@ -69,6 +80,19 @@ def clone(inputs: list) -> list:
 
 def changed(before: list, after: list) -> bool:
     return any(isinstance(b, torch.Tensor) and not identical(b, a) for b, a in zip(before, after))
+
+
+def tensor_bytes(values: list) -> int:
+    return sum(v.nbytes for v in values if isinstance(v, torch.Tensor))
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_resident_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def make_inputs(task, device: torch.device, seed: int) -> list:
@@ -87,6 +111,10 @@ class RunnerGone(Exception):
 
 class ForgedAnswer(Exception):
     """Something other than the runner's answer to the judge's last request came on their socket."""
+
+
+class NoRoom(Exception):
+    """The task does not fit on this device beside the candidate's process, or not in what is free there."""
 
 
 def _median(xs: list[float]) -> float:
@@ -120,29 +148,52 @@ def _compare(candidate: list, reference, tolerance: dict[str, list[float]]) -> t
         if c["dtype"] != str(r.dtype).removeprefix("torch."):
             return mismatch("incorrect", f"{where}dtype mismatch: expected {r.dtype}, got torch.{c['dtype']}")
         atol, rtol = tolerance.get(c["dtype"], tolerance["other"])
-        cv, rv = c["value"].to(r.device).double(), r.detach().double()
-        bad = ~torch.isfinite(cv) & torch.isfinite(rv)
-        if bad.any():
-            return mismatch("rejected", f"[nan-output] {where}{int(bad.sum())} NaN/Inf values where the reference "
+        d = _differences(c["value"], r, atol, rtol)
+        if d["nan"]:
+            return mismatch("rejected", f"[nan-output] {where}{d['nan']} NaN/Inf values where the reference "
                                         "is finite (unwritten output memory reads as NaN here)")
-        finite = torch.isfinite(rv)
-        diff = (cv - rv).abs()[finite]
-        relative = diff / rv.abs()[finite].clamp_min(max(atol, 1e-30))
-        worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
-        worst_rel = max(worst_rel, float(relative.max()) if diff.numel() else 0.0)
-        if not torch.allclose(cv, rv, atol=atol, rtol=rtol, equal_nan=True):
-            n_bad = int((diff > (atol + rtol * rv.abs())[finite]).sum())
-            return "incorrect", (f"{where}{n_bad} of {rv.numel()} values differ beyond atol={atol:g}, rtol={rtol:g} "
-                                 f"(max abs difference {float(diff.max()):.4g}, max relative "
-                                 f"{float(relative.max()):.3g})"), worst, worst_rel
-        scale = float(rv[finite].square().mean().sqrt()) if diff.numel() else 0.0
-        error = float(diff.square().mean().sqrt()) if diff.numel() else 0.0
+        worst, worst_rel = max(worst, d["abs"]), max(worst_rel, d["rel"])
+        if d["failing"]:
+            return "incorrect", (f"{where}{d['failing']} of {r.numel()} values differ beyond atol={atol:g}, "
+                                 f"rtol={rtol:g} (max abs difference {d['abs']:.4g}, max relative {d['rel']:.3g})"), \
+                worst, worst_rel
+        scale, error = math.sqrt(d["scale_sq"] / max(d["finite"], 1)), math.sqrt(d["error_sq"] / max(d["finite"], 1))
         if scale > 0 and error >= SCALE_SHARE * scale:
             return "incorrect", (f"{where}the error is of the order of the reference's own values (root mean square "
                                  f"{error:.3g} against {scale:.3g}): within atol={atol:g} only because the values are "
                                  "smaller than it; zeros would pass that tolerance, so it is not the answer"), \
                 worst, worst_rel
     return None, None, worst, worst_rel
+
+
+def _chunks(*tensors: torch.Tensor):
+    """Matching slices of same-shape tensors, flattened, in float64: a comparison's temporaries stay near
+    COMPARE_CHUNK elements (its float64 copies, differences and masks) however large the output."""
+    flat = [t.detach().reshape(-1) for t in tensors]
+    for start in range(0, flat[0].numel(), COMPARE_CHUNK):
+        yield [t[start:start + COMPARE_CHUNK].double() for t in flat]
+
+
+def _differences(candidate: torch.Tensor, reference: torch.Tensor, atol: float, rtol: float) -> dict:
+    """Over all of `candidate` against `reference`: NaN/Inf values where the reference is finite (`nan`), the
+    largest absolute and relative differences where it is finite (relative to |reference| floored at atol),
+    how many values fail allclose(atol, rtol, equal_nan) (`failing`), and the sums of squares of the error and of
+    the reference over its `finite` values."""
+    d = {"nan": 0, "abs": 0.0, "rel": 0.0, "failing": 0, "error_sq": 0.0, "scale_sq": 0.0, "finite": 0}
+    for c, r in _chunks(candidate.to(reference.device), reference):
+        finite = torch.isfinite(r)
+        d["nan"] += int((~torch.isfinite(c) & finite).sum())
+        same = (c == r) | (c.isnan() & r.isnan())  # where the reference is not finite, allclose asks this
+        d["failing"] += int((~finite & ~same).sum())
+        diff, r = (c - r).abs()[finite], r[finite]
+        if diff.numel():
+            d["abs"] = max(d["abs"], float(diff.max()))
+            d["rel"] = max(d["rel"], float((diff / r.abs().clamp_min(max(atol, 1e-30))).max()))
+            d["failing"] += int((diff > atol + rtol * r.abs()).sum())
+            d["error_sq"] += float(diff.square().sum())
+            d["scale_sq"] += float(r.square().sum())
+            d["finite"] += diff.numel()
+    return d
 
 
 def _repeat_disagrees(first: list, again: list, tolerance: float) -> str | None:
@@ -163,13 +214,14 @@ def _repeat_disagrees(first: list, again: list, tolerance: float) -> str | None:
             continue
         if not a.is_floating_point():
             return f"{where}has {int((a != b).sum())} values that changed"
-        bound = max(tolerance, 4 * torch.finfo(a.dtype).eps)
-        a, b = a.double(), b.double()
-        finite = torch.isfinite(a)
-        if not torch.equal(finite, torch.isfinite(b)):
-            return f"{where}has values that turned NaN/Inf or back"
-        scale = float(a[finite].abs().max()) if finite.any() else 0.0
-        worst = float((a - b).abs()[finite].max()) if finite.any() else 0.0
+        bound, scale, worst = max(tolerance, 4 * torch.finfo(a.dtype).eps), 0.0, 0.0
+        for x, y in _chunks(a, b):
+            finite = torch.isfinite(x)
+            if not torch.equal(finite, torch.isfinite(y)):
+                return f"{where}has values that turned NaN/Inf or back"
+            if finite.any():
+                scale = max(scale, float(x[finite].abs().max()))
+                worst = max(worst, float((x - y).abs()[finite].max()))
         if worst > bound * scale:
             share = worst / scale if scale else math.inf
             return (f"{where}differs from the first by up to {worst:.4g}, {share:.2g} of its largest magnitude "
@@ -327,6 +379,8 @@ class Judge:
         self.times: dict[str, float] = {}
         self.arena: Arena | None = None
         self.other_threads_s = 0.0  # CPU time of the runner's threads but its main one, in timed calls
+        self.reference_changes_inputs = True  # until the first draw shows otherwise: its inputs cloned for it
+        self.memory: dict[str, int] = {}  # bytes: the task's footprint, the runner's limit and peak
 
     # ------------------------------------------------------------------------------------------ the runner
 
@@ -403,13 +457,13 @@ class Judge:
         checked on fresh inputs and timed beside the reference."""
         start = time.perf_counter()
         seed = self.unknowable.randrange(2**31)
-        inputs = self.make_inputs(seed)
-        expected = self.reference(*clone(inputs))
-        self.arena = Arena.create(inputs, flatten_outputs(expected), self.device)
-        if failed := self.failed(self.ask({"op": "arena", **self.arena.message},
+        inputs = self.first_draw(seed)
+        limit = self.admit()
+        if failed := self.failed(self.ask({"op": "arena", **self.arena.message, "memory_limit": limit},
                                           then=lambda: self.arena.send(self.runner))):
             return failed
         harness, clean = self.before_the_candidate(inputs)
+        del inputs  # drawn again from its seed where needed: the judge holds one draw at a time
         if failed := self.failed(self.ask({"op": "import"})):
             return failed
         self.times["load"] = time.perf_counter() - start
@@ -428,6 +482,7 @@ class Judge:
         start = time.perf_counter()
         report = self.ask({"op": "finish"})
         self.times["profile"] = time.perf_counter() - start
+        self.memory["candidate"] = int(report.get("peak_memory") or 0)
         windows, opened = report.get("windows") or {}, report.get("opened") or {}
         if self.defend and report.get("tamper"):
             return self.rejected(str(report["tamper"]))
@@ -445,7 +500,7 @@ class Judge:
         between_ms = 0.0
         if self.cuda and self.defend:
             candidate, between_ms = charge_between_calls(candidate, report)
-            why = unobserved_time(candidate, observed, harness["wall"]) or self.slowed_reference(calls, clean, inputs)
+            why = unobserved_time(candidate, observed, harness["wall"]) or self.slowed_reference(calls, clean, seed)
             if why:
                 return self.rejected(why)
         medians = {name: _median([ms for _, ms, _ in rows]) for name, rows in {**calls, "candidate": candidate}.items()
@@ -453,7 +508,7 @@ class Judge:
         return {"medians": medians, "trials": len(candidate), "max_abs_diff": worst, "max_rel_diff": worst_rel,
                 "times": self.times, "own_kernel_share": share, "between_calls_ms": between_ms}
 
-    def slowed_reference(self, calls: dict, clean: dict, inputs: list) -> str | None:
+    def slowed_reference(self, calls: dict, clean: dict, seed: int) -> str | None:
         """`slowed_reference` against the reference timed before the candidate was imported, and where that finds
         it slower, against the reference timed again once the runner is gone (killed, its CUDA context and any
         work it left on the GPU with it): the candidate did it only if the reference is fast again without it.
@@ -466,8 +521,96 @@ class Judge:
             gone = os.pidfd_open(self.payload["runner_pid"])
             select.select([gone], [], [], RUNNER_EXIT_S)  # readable once the process has exited
             os.close(gone)
-        alone = [self.timer(self.reference, clone(inputs), "clean")[0] for _ in range(NULL_CALLS)]
+        inputs = self.make_inputs(seed)
+        alone = [self.timer(self.reference, self.reference_args(inputs), "clean")[0] for _ in range(NULL_CALLS)]
         return slowed_reference(calls, {**clean, "reference": min(alone[self.payload["warmup"]:] or alone)}, limit)
+
+    # ------------------------------------------------------------------------------------------ memory
+
+    def first_draw(self, seed: int) -> list:
+        """The first draw of inputs, on which the reference's outputs size the shared block (made here) and its
+        peak the task's footprint; whether the reference changes its inputs in place (else they are not cloned for
+        it). Where it does not fit, once processes that are exiting have given their memory back, `NoRoom`."""
+        for attempt in range(2):
+            try:
+                return self.measure_first_draw(seed)
+            except torch.OutOfMemoryError:
+                pass
+            torch.cuda.empty_cache()  # what the failed attempt held went with its frame
+            if attempt:
+                free, total = torch.cuda.mem_get_info(self.device)
+                raise NoRoom(f"the task's inputs and its reference's outputs do not fit in the {free / 2**30:.1f} "
+                             f"GiB free of {total / 2**30:.1f} GiB on {self.device}")
+            self.wait_while_memory_is_freed()
+
+    def measure_first_draw(self, seed: int) -> list:
+        """first_draw's work; the footprint from the allocator's peak on a GPU, the resident peak on the CPU."""
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+        else:
+            before = resident_bytes()
+        inputs = self.make_inputs(seed)
+        ref_args = clone(inputs)
+        outputs = flatten_outputs(self.reference(*ref_args))
+        self.reference_changes_inputs = changed(inputs, ref_args)
+        peak = torch.cuda.max_memory_allocated(self.device) if self.cuda else peak_resident_bytes()
+        peak = max(peak - before - tensor_bytes(ref_args), tensor_bytes(inputs) + tensor_bytes(outputs))
+        self.memory["footprint"] = peak + tensor_bytes([*self.reference.parameters(), *self.reference.buffers()])
+        shapes = [o.to("meta") if isinstance(o, torch.Tensor) else o for o in outputs]
+        del ref_args, outputs
+        self.arena = Arena.create(inputs, shapes, self.device)
+        return inputs
+
+    def admit(self) -> int | None:
+        """The bytes the runner may allocate (None on the CPU), once the GPU has them free beside what the judge's
+        checks will take; a task whose candidate cannot fit on this GPU at all is `NoRoom`."""
+        if not self.cuda:
+            return None
+        footprint = self.memory["footprint"]
+        limit = self.memory["candidate_limit"] = RUNNER_MEMORY * footprint + RUNNER_SPARE
+        held = torch.cuda.memory_reserved(self.device)
+        need = max(0, JUDGE_MEMORY * footprint - held) + limit
+        total = torch.cuda.mem_get_info(self.device)[1]
+        if held + need + self.arena.nbytes > total:
+            raise NoRoom(f"the task needs about {(held + need + self.arena.nbytes) / 2**30:.1f} GiB of GPU memory "
+                         f"({JUDGE_MEMORY} + {RUNNER_MEMORY} times its footprint of {footprint / 2**30:.2f} GiB, the "
+                         f"shared block of {self.arena.nbytes / 2**30:.2f} GiB and 1 GiB) and {self.device} has "
+                         f"{total / 2**30:.1f} GiB")
+        if not self.wait_for_memory(lambda free: free >= need):
+            raise NoRoom(f"{self.device} had less than the {need / 2**30:.1f} GiB free that the task needs for "
+                         f"{ADMISSION_WAIT_S:.0f} s: other processes hold the rest")
+        return limit
+
+    def wait_while_memory_is_freed(self) -> None:
+        """Until the device's free memory has not grown for a second (processes exiting give theirs back)."""
+        deadline, most, since = time.monotonic() + ADMISSION_WAIT_S, 0, time.monotonic()
+        while time.monotonic() < min(deadline, since + 1.0):
+            if (free := torch.cuda.mem_get_info(self.device)[0]) > most + (64 << 20):
+                most, since = free, time.monotonic()
+            time.sleep(0.05)
+
+    def wait_for_memory(self, enough) -> bool:
+        """Whether `enough(free bytes on the device)` came true within ADMISSION_WAIT_S."""
+        deadline = time.monotonic() + ADMISSION_WAIT_S
+        while not enough(torch.cuda.mem_get_info(self.device)[0]):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def memory_report(self) -> dict[str, float]:
+        """MiB: the task's footprint, the judge's peak (its allocator's and the shared block; on the CPU its
+        resident peak), the candidate's process's peak and limit (as far as they are known)."""
+        if self.cuda:
+            judge = torch.cuda.max_memory_reserved(self.device) + (self.arena.nbytes if self.arena else 0)
+        else:
+            judge = peak_resident_bytes()
+        return {name: round(value / 2**20, 1) for name, value in {**self.memory, "judge": judge}.items() if value}
+
+    def reference_args(self, inputs: list) -> list:
+        """The reference's arguments: `inputs` themselves, or a copy where the reference changes its inputs."""
+        return clone(inputs) if self.reference_changes_inputs else inputs
 
     def one_element(self) -> torch.Tensor:
         """The least a model can do on the GPU: one kernel on one element (the latency a loaded host adds)."""
@@ -485,7 +628,7 @@ class Judge:
         walls, cpus, clean = [], [], {"reference": [], "timer": []}
         for i in range(NULL_CALLS if self.defend else 0):
             with self.runner_stopped():
-                clean["reference"].append(self.timer(self.reference, clone(inputs), "clean")[0])
+                clean["reference"].append(self.timer(self.reference, self.reference_args(inputs), "clean")[0])
                 if self.cuda:
                     clean["timer"].append(self.timer(lambda *_: self.one_element(), [], "clean")[0])
             wall_s, cpu_s, answer = self.timed_call(f"null/{i}", None)
@@ -566,14 +709,13 @@ class Judge:
         self.trial_seeds = []
         for trial in range(payload["correct_trials"]):
             self.trial_seeds.append(seed := self.unknowable.randrange(2**31))
+            inputs = out = expected = ref_args = None  # the last trial's freed before this one's are made
             inputs = self.make_inputs(seed)
             began = time.perf_counter()
             failed, out, changed_inputs = self.call(inputs)
             first_ms = (time.perf_counter() - began) * 1e3
             if failed:
                 return failed, worst, worst_rel
-            ref_args = clone(inputs)
-            expected = self.reference(*ref_args)
             repeats = payload["repeat_runs"] if trial == 0 and self.defend else 0
             for repeat in range(1, repeats + 1):
                 failed, again, _ = self.call(inputs, beside_ms=first_ms if repeat == repeats else 0.0)
@@ -583,6 +725,9 @@ class Judge:
                     return self.rejected(f"[nondeterministic] run {repeat + 1} on the same inputs {why}: a race (a "
                                          "missing __syncthreads()?) or memory read before it is written"), \
                         worst, worst_rel
+                del again  # one repeat's outputs at a time
+            ref_args = self.reference_args(inputs)
+            expected = self.reference(*ref_args)
             status, why, diff, rel = _compare(out, expected, payload["tolerance"])
             worst, worst_rel = max(worst, diff), max(worst_rel, rel)
             if status == "rejected":
@@ -637,11 +782,11 @@ class Judge:
         for trial in range(-payload["warmup"], payload["timing_trials"]):
             if trial == 0:
                 deadline = time.perf_counter() + payload["timing_budget_s"]
+            outputs = {}  # the last trial's freed before this one's inputs are made
             if self.defend or trial == -payload["warmup"]:
-                seed = draws + trial
+                seed, inputs = draws + trial, None
                 inputs = self.make_inputs(seed)
             checked = self.defend and (trial in (0, payload["timing_trials"] - 1) or self.unknowable.random() < 0.25)
-            outputs = {}
             for name in self.unknowable.sample(list(models), len(models)) if self.defend else list(models):
                 label = f"{name}/{trial}"
                 if name == "candidate":
@@ -655,7 +800,7 @@ class Judge:
                     if checked:
                         outputs[name] = self.outputs(answer.get("outputs"))
                 else:
-                    args = [] if name == "timer" else clone(inputs) if self.defend else inputs
+                    args = [] if name == "timer" else self.reference_args(inputs) if self.defend else inputs
                     with self.runner_stopped():
                         cpu = time.thread_time()
                         events, wall, outputs[name] = self.timer(models[name], args, label)
@@ -699,7 +844,10 @@ def judge(payload: dict, runner) -> dict:
     """The judge child's job: the verdict, or that the runner is gone (its exit status then says why)."""
     try:
         with torch.no_grad():  # the reference runs as it is timed everywhere: without autograd
-            return Judge(payload, runner).verdict()
+            judged = Judge(payload, runner)
+            return {**judged.verdict(), "memory_mib": judged.memory_report()}
+    except NoRoom as e:
+        return {"no_room": str(e)}
     except RunnerGone:
         return {"runner_gone": True}
     except ForgedAnswer:

@@ -23,7 +23,9 @@ import importlib
 import importlib.util
 import itertools
 import json
+import math
 import re
+import resource
 import sys
 import threading
 import time
@@ -312,7 +314,8 @@ class Runner:
         self.kernel_log = KernelLog() if self.cuda and self.defend else None
         self.timer = make_timer(self.cuda, self.flush, self.kernel_log)
         self.arena = self.model = self.tamper = self.pending = None
-        self.null_outputs: list[torch.Tensor] = []  # made once the arena's layout is known
+        self.null_outputs: list[torch.Tensor] = []  # made once the arena's layout is known, until the import
+        self.memory_limit: int | None = None  # bytes this process may hold, on a GPU
         self.earlier: list = []  # (weak reference, span) of each output of the last call
         self.labels: set[str] = set()
 
@@ -334,7 +337,13 @@ class Runner:
                     return {}
 
     def take_arena(self, message: dict) -> dict:
+        """The shared block mapped, and on a GPU the cap on what this process may allocate from here on (the judge
+        admitted the candidate for that much: beyond it, an out-of-memory error here, not in another process)."""
         self.arena = Arena.receive(self.judge, message)
+        if self.cuda and message.get("memory_limit"):
+            self.memory_limit = torch.cuda.memory_reserved(self.device) + int(message["memory_limit"])
+            total = torch.cuda.mem_get_info(self.device)[1]
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.memory_limit / total), self.device)
         self.null_outputs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self.arena.outputs
                              if s is not None]
         return {}
@@ -347,6 +356,7 @@ class Runner:
     def import_candidate(self, message: dict) -> dict:
         """The candidate imported and ModelNew built under the task's seed, the tamper check's snapshot first."""
         self.tamper = TamperCheck(self.payload)
+        self.null_outputs = []  # the calls of no model are over
         candidate = import_file(self.payload["candidate"], "candidate")
         torch.manual_seed(self.payload["seed"])
         self.model = candidate.ModelNew(*self.init_inputs).to(self.device).eval()
@@ -362,8 +372,9 @@ class Runner:
     def poison(self) -> None:
         """Fill free device memory with NaN, so that output memory the candidate never writes is NaN."""
         if self.cuda and self.defend:
-            free = torch.cuda.mem_get_info(self.device)[0]
-            torch.empty(min(free // 2, self.payload["poison_bytes"]) // 4, device=self.device).fill_(float("nan"))
+            room = self.memory_limit - torch.cuda.memory_allocated(self.device) if self.memory_limit else math.inf
+            size = min(torch.cuda.mem_get_info(self.device)[0], room) // 2
+            torch.empty(min(size, self.payload["poison_bytes"]) // 4, device=self.device).fill_(float("nan"))
 
     def call(self, message: dict) -> dict:
         """A checked call: into poisoned memory, with `beside_ms` of other work on the GPU (a race lands
@@ -459,7 +470,9 @@ class Runner:
         """The kernel log of every call (label -> its kernels, and where its GPU time began) and whether the timer's
         objects are still the ones it started with."""
         log = self.kernel_log.stop(self.labels) if self.kernel_log else {}
-        return {**log, "tamper": self.tamper.broken() if self.tamper else None}
+        peak = torch.cuda.max_memory_reserved(self.device) if self.cuda else \
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {**log, "tamper": self.tamper.broken() if self.tamper else None, "peak_memory": peak}
 
 
 def run(payload: dict, judge) -> dict:

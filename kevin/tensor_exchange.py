@@ -113,7 +113,7 @@ class Arena:
     `DeviceBlock`."""
 
     def __init__(self, fd: int, slots: list[dict], device: torch.device | None = None, inputs: int = 0):
-        self.layout, self.device, self.input_count = slots, device, inputs
+        self.layout, self.device, self.input_count, self.nbytes = slots, device, inputs, end_of(slots)
         if device is None:
             self.fd, self.map = fd, mmap.mmap(fd, end_of(slots))
             whole = torch.frombuffer(self.map, dtype=torch.uint8)
