@@ -9,7 +9,8 @@ import argparse
 import ast
 import inspect
 import textwrap
-from dataclasses import fields
+from dataclasses import MISSING, fields
+from pathlib import Path
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -19,18 +20,32 @@ def field_docs(cls) -> dict[str, str]:
             if isinstance(a, ast.AnnAssign) and isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant)}
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(g) for g in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"comma-separated integers, not {text!r}") from None
+def _list_of(kind: type, what: str):
+    def parse(text: str) -> list:
+        try:
+            return [kind(g) for g in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"comma-separated {what}, not {text!r}") from None
+    return parse
 
 
-FLAG_TYPES = {"str": str, "int": int, "float": float, "float | None": float, "list[int] | None": _int_list}
+FLAG_TYPES = {"str": str, "int": int, "float": float, "Path": Path, "list[int]": _list_of(int, "integers"),
+              "list[float]": _list_of(float, "numbers")}
+
+
+def _flag_type(annotation: str) -> tuple[type, tuple | None]:
+    """(the parser of a field's values, its choices or None) from its annotation: a FLAG_TYPES name, optionally
+    `| None`, or a Literal of the choices."""
+    annotation = annotation.removesuffix(" | None")
+    if annotation.startswith("Literal["):
+        choices = ast.literal_eval(f"({annotation[len('Literal['):-1]},)")
+        return type(choices[0]), choices
+    return FLAG_TYPES[annotation], None
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls) -> None:
-    """`--field-name VALUE` per field (`--flag` / `--no-flag` for a bool, after its default), default None."""
+    """`--field-name VALUE` per field (`--flag` / `--no-flag` for a bool, after its default; the choices of a
+    Literal; comma-separated lists), default None."""
     docs = field_docs(cls)
     for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
@@ -40,8 +55,12 @@ def add_config_flags(parser: argparse.ArgumentParser, cls) -> None:
         elif f.type == "bool":
             parser.add_argument(flag, action="store_true", default=None, help=docs[f.name])
         else:
-            shown = "" if f.default is None else f" (default: {f.default})"
-            parser.add_argument(flag, type=FLAG_TYPES[f.type], default=None, help=docs[f.name] + shown)
+            kind, choices = _flag_type(f.type)
+            default = f.default if f.default is not MISSING else f.default_factory()
+            if isinstance(default, list):
+                default = ",".join(map(str, default))
+            shown = "" if default is None else f" (default: {default})"
+            parser.add_argument(flag, type=kind, choices=choices, default=None, help=docs[f.name] + shown)
 
 
 def given_flags(args: argparse.Namespace, cls) -> dict:
