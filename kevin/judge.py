@@ -535,7 +535,8 @@ class Judge:
             try:
                 return self.measure_first_draw(seed)
             except torch.OutOfMemoryError:
-                pass
+                if not self.cuda:
+                    raise NoRoom("the task's inputs and its reference's outputs do not fit in host memory") from None
             torch.cuda.empty_cache()  # what the failed attempt held went with its frame
             if attempt:
                 free, total = torch.cuda.mem_get_info(self.device)
@@ -559,6 +560,8 @@ class Judge:
         self.memory["footprint"] = peak + tensor_bytes([*self.reference.parameters(), *self.reference.buffers()])
         shapes = [o.to("meta") if isinstance(o, torch.Tensor) else o for o in outputs]
         del ref_args, outputs
+        if self.cuda:  # the block is the driver's memory, not the allocator's: what it keeps cached goes back first
+            torch.cuda.empty_cache()
         self.arena = Arena.create(inputs, shapes, self.device)
         return inputs
 
