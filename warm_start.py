@@ -43,6 +43,7 @@ the library's evaluations. A re-run with the same --out and training flags goes 
 evaluated again (the prompts quote the same feedback) and training sees the batches an uninterrupted run would.
 The checkpoint is removed once the outputs are written.
 """
+from __future__ import annotations
 
 from kevin.startup import quiet_ctrl_c_while_starting, started
 
@@ -59,7 +60,9 @@ import re
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from accelerate import Accelerator
@@ -72,6 +75,7 @@ from evaluate import STATUSES, EvalConfig, evaluate, library_records
 from generate import load_tasks, parse_reply, render_prompt
 from kevin.backends import ChatTokens, HFBackend, token_progress
 from kevin.batching import Sample, collate, reply_logits, token_logprobs
+from kevin.config_flags import add_config_flags, given_flags
 from kevin.tiny_model import build_tiny_model, random_qwen2
 
 REPO = Path(__file__).resolve().parent
@@ -202,7 +206,8 @@ def sampling_check(model, tokenizer, prompts: list[dict], library_codes: set[str
     """Per prompt, `samples` replies at the RL temperature (all in one batch, as train.py samples a group):
     how many parse, how many are a library variant word for word, how many distinct new kernels."""
     backend = HFBackend(model, temperature, max_tokens, tokenizer=tokenizer, progress=progress)
-    replies = backend.generate([p["messages"] for p in prompts for _ in range(samples)], [seed] * len(prompts) * samples)
+    replies = backend.generate([p["messages"] for p in prompts for _ in range(samples)],
+                               [seed] * len(prompts) * samples)
     rows = []
     for n, prompt in enumerate(prompts):
         codes = [parse_reply(r.text)[0] for r in replies[n * samples:(n + 1) * samples]]
@@ -214,55 +219,87 @@ def sampling_check(model, tokenizer, prompts: list[dict], library_codes: set[str
 
 
 # ---------------------------------------------------------------- config
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+@dataclass(kw_only=True)
+class WarmStartConfig:
+    """A run's settings, each field a flag of its name (kevin/config_flags.py): one place for a default and its help.
+    Keyword-only, so that --out, which has no default, stays last."""
     # library and tasks
-    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
-                   help="kind of kernels: cuda (CUDA, evaluated on a GPU) or cpu (C++ on the CPU); default: "
-                        "cuda with a GPU, cpu without")
-    p.add_argument("--library", default=None, help="folder of variants (default: solutions/warm_start/<device>)")
-    p.add_argument("--tasks", default=None, help="task folder the variants' task ids resolve against (default: "
-                   "solutions/warm_start/tasks for cuda, tests/tasks for cpu)")
-    p.add_argument("--turns", type=int, default=4,
-                   help="longest rollout to prepare for: histories of up to turns-1 attempts (1: turn-1 examples "
-                        "only, and the library is not evaluated)")
-    p.add_argument("--paths", type=int, default=8, help="sampled attempt paths per task that later-turn prompts come from")
+    device: Literal["cuda", "cpu"] | None = None
+    """kind of kernels: cuda (CUDA, evaluated on a GPU) or cpu (C++ on the CPU); default: cuda with a GPU, cpu
+    without"""
+    library: Path | None = None
+    """folder of variants (default: solutions/warm_start/<device>)"""
+    tasks: Path | None = None
+    """task folder the variants' task ids resolve against (default: solutions/warm_start/tasks for cuda, tests/tasks
+    for cpu)"""
+    turns: int = 4
+    """longest rollout to prepare for: histories of up to turns-1 attempts (1: turn-1 examples only, and the library
+    is not evaluated)"""
+    paths: int = 8
+    """sampled attempt paths per task that later-turn prompts come from"""
     # model
-    p.add_argument("--model", default="tiny",
-                   help="'tiny': a fresh model of --layers x --hidden on the tiny tokenizer; else an HF path to fine-tune")
-    p.add_argument("--layers", type=int, default=4, help="tiny: transformer layers")
-    p.add_argument("--hidden", type=int, default=256, help="tiny: hidden size (a multiple of 64; heads of 64)")
+    model: str = "tiny"
+    """'tiny': a fresh model of --layers x --hidden on the tiny tokenizer; else an HF path to fine-tune"""
+    layers: int = 4
+    """tiny: transformer layers"""
+    hidden: int = 256
+    """tiny: hidden size (a multiple of 64; heads of 64)"""
     # optimisation
-    p.add_argument("--epochs", type=int, default=60, help="passes over the examples")
-    p.add_argument("--batch-size", type=int, default=4, help="examples per gradient step")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW), warm-up 5%%, cosine to 10%%")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model, the histories and the shuffling")
-    p.add_argument("--save-every", type=int, default=200,
-                   help="steps between checkpoints (--out/checkpoint.pt; also after the last step and on a Ctrl-C), "
-                        "which a re-run with the same --out resumes from")
+    epochs: int = 60
+    """passes over the examples"""
+    batch_size: int = 4
+    """examples per gradient step"""
+    lr: float = 3e-3
+    """peak learning rate (AdamW), warm-up 5%, cosine to 10%"""
+    seed: int = 0
+    """seed of the model, the histories and the shuffling"""
+    save_every: int = 200
+    """steps between checkpoints (--out/checkpoint.pt; also after the last step and on a Ctrl-C), which a re-run with
+    the same --out resumes from"""
     # check
-    p.add_argument("--check-samples", type=int, default=16,
-                   help="replies sampled per check prompt (the turn-1 prompt and one later-turn prompt per turn, "
-                        "per task); 0: greedy check only")
-    p.add_argument("--temperature", type=float, default=0.9, help="sampling temperature of the check (train.py's)")
+    check_samples: int = 16
+    """replies sampled per check prompt (the turn-1 prompt and one later-turn prompt per turn, per task); 0: greedy
+    check only"""
+    temperature: float = 0.9
+    """sampling temperature of the check (train.py's)"""
     # output
-    p.add_argument("--out", required=True, help="output folder: model, tokenizer, library_evals.jsonl, warm_start.json; "
-                   "while the run is under way, the checkpoint.pt a re-run with the same --out resumes from")
-    args = p.parse_args(argv)
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.library = Path(args.library or LIBRARY / args.device)
-    args.tasks = Path(args.tasks or DEFAULT_TASKS[args.device])
-    for flag in ("turns", "paths", "layers", "hidden", "epochs", "batch_size", "save_every"):
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"error: --{flag.replace('_', '-')} must be at least 1")
-    if args.hidden % 64:
-        raise SystemExit(f"error: --hidden must be a multiple of 64 (heads of 64), got {args.hidden}")
-    if args.lr <= 0 or args.temperature <= 0 or args.check_samples < 0:
-        raise SystemExit("error: --lr and --temperature must be positive, --check-samples not negative")
-    for flag in ("library", "tasks"):
-        if not getattr(args, flag).is_dir():
-            raise SystemExit(f"error: --{flag} {getattr(args, flag)}: not a folder")
-    return args
+    out: str
+    """output folder: model, tokenizer, library_evals.jsonl, warm_start.json; while the run is under way, the
+    checkpoint.pt a re-run with the same --out resumes from"""
+
+    def __post_init__(self):
+        """The defaults that hang on the device resolved, then every value checked, here once: whatever builds a
+        config gets a complete one or the first bad value as a ValueError."""
+        self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device not in DEFAULT_TASKS:
+            raise ValueError(f"--device must be cuda or cpu, not {self.device!r}")
+        self.library = Path(self.library or LIBRARY / self.device)
+        self.tasks = Path(self.tasks or DEFAULT_TASKS[self.device])
+        for name in ("turns", "paths", "layers", "hidden", "epochs", "batch_size", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.hidden % 64:
+            raise ValueError(f"--hidden must be a multiple of 64 (heads of 64), got {self.hidden}")
+        if self.lr <= 0 or self.temperature <= 0 or self.check_samples < 0:
+            raise ValueError("--lr and --temperature must be positive, --check-samples not negative")
+        for name in ("library", "tasks"):
+            if not getattr(self, name).is_dir():
+                raise ValueError(f"--{name} {getattr(self, name)}: not a folder")
+
+
+def _parser() -> argparse.ArgumentParser:
+    """One flag per WarmStartConfig field (kevin/config_flags.py)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_config_flags(p, WarmStartConfig)
+    return p
+
+
+def parse_args(argv=None) -> WarmStartConfig:
+    """The flags given, over WarmStartConfig's defaults; a bad value is a one-line error."""
+    try:
+        return WarmStartConfig(**given_flags(_parser().parse_args(argv), WarmStartConfig))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 # ---------------------------------------------------------------- the run
@@ -293,7 +330,7 @@ def judge_library(variants: list[dict], tasks_folder: Path, device: str, turns: 
             accelerator.print(f"warning: {v['variant']} was judged {result['status']}: {result['feedback'][:200]}")
 
 
-def load_model(args: argparse.Namespace):
+def load_model(args: WarmStartConfig):
     """(model, tokenizer): a fresh one for --model tiny, else the Hugging Face model to fine-tune."""
     if args.model == "tiny":
         return fresh_model(args.layers, args.hidden, args.seed)
@@ -312,13 +349,13 @@ def training_samples(examples: list[dict], model, tokenizer) -> list[Sample]:
             for e in examples]
 
 
-def training_flags(args: argparse.Namespace) -> dict:
+def training_flags(args: WarmStartConfig) -> dict:
     """The flags that decide what is trained: a checkpoint is resumed only by a run with the same ones."""
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
             if k not in ("out", "save_every", "check_samples", "temperature")}
 
 
-def load_checkpoint(args: argparse.Namespace) -> dict:
+def load_checkpoint(args: WarmStartConfig) -> dict:
     """What this run goes on from: the checkpoint an interrupted run left in --out (its training flags must be
     these), else a fresh start with no steps done."""
     path, flags = Path(args.out) / CHECKPOINT, training_flags(args)
@@ -339,7 +376,7 @@ def save_checkpoint(path: Path, checkpoint: dict) -> None:
     path.with_suffix(".tmp").replace(path)
 
 
-def fine_tune(args: argparse.Namespace, accelerator, model, samples: list[Sample], pad_id: int, checkpoint: dict):
+def fine_tune(args: WarmStartConfig, accelerator, model, samples: list[Sample], pad_id: int, checkpoint: dict):
     """(model, mean loss per epoch): --epochs passes of the reply-token log-likelihood, the model unwrapped
     and in eval mode after. Goes on from `checkpoint` (a resumed run's losses, model and optimizer), kept
     current and saved every --save-every steps, after the last, and on a Ctrl-C after the step under way
@@ -400,7 +437,7 @@ def check_prompts(examples: list[dict]) -> list[dict]:
     return prompts
 
 
-def write_outputs(args: argparse.Namespace, model, tokenizer, variants: list[dict], report: dict) -> None:
+def write_outputs(args: WarmStartConfig, model, tokenizer, variants: list[dict], report: dict) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -432,7 +469,7 @@ def main(argv=None) -> None:
         raise SystemExit(130) from None
 
 
-def run(args: argparse.Namespace, accelerator, checkpoint: dict) -> None:
+def run(args: WarmStartConfig, accelerator, checkpoint: dict) -> None:
     """Judge the library, build the examples and the model, fine-tune from `checkpoint`, check, write."""
     started = time.perf_counter()
     set_seed(args.seed)

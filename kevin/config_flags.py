@@ -45,22 +45,23 @@ def _flag_type(annotation: str) -> tuple[type, tuple | None]:
 
 def add_config_flags(parser: argparse.ArgumentParser, cls) -> None:
     """`--field-name VALUE` per field (`--flag` / `--no-flag` for a bool, after its default; the choices of a
-    Literal; comma-separated lists), default None."""
+    Literal; comma-separated lists; required for a field without a default), default None."""
     docs = field_docs(cls)
     for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
+        doc = docs[f.name].replace("%", "%%")  # argparse %-formats help; a docstring's % is literal
         if f.type == "bool" and f.default:
-            parser.add_argument(f"--no-{flag[2:]}", dest=f.name, action="store_false", default=None,
-                                help=docs[f.name])
+            parser.add_argument(f"--no-{flag[2:]}", dest=f.name, action="store_false", default=None, help=doc)
         elif f.type == "bool":
-            parser.add_argument(flag, action="store_true", default=None, help=docs[f.name])
+            parser.add_argument(flag, action="store_true", default=None, help=doc)
         else:
             kind, choices = _flag_type(f.type)
-            default = f.default if f.default is not MISSING else f.default_factory()
+            required = f.default is MISSING and f.default_factory is MISSING
+            default = None if required else f.default if f.default is not MISSING else f.default_factory()
             if isinstance(default, list):
                 default = ",".join(map(str, default))
             shown = "" if default is None else f" (default: {default})"
-            parser.add_argument(flag, type=kind, choices=choices, default=None, help=docs[f.name] + shown)
+            parser.add_argument(flag, type=kind, choices=choices, default=None, required=required, help=doc + shown)
 
 
 def given_flags(args: argparse.Namespace, cls) -> dict:

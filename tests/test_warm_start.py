@@ -15,6 +15,7 @@ import torch
 import evaluate
 import warm_start as ws
 from generate import load_tasks, parse_reply
+from kevin import config_flags
 from test_evaluate import ctrl_c_while_torch_loads, start_for_ctrl_c
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,3 +176,16 @@ def test_a_checkpoint_of_other_training_flags_is_a_one_line_error(tmp_path):
     same = ws.parse_args(["--device", "cpu", "--epochs", "3", "--check-samples", "2", "--save-every", "9",
                           "--out", str(tmp_path)])
     assert ws.load_checkpoint(same)["losses"] == [1.0]
+
+
+def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
+    """Defaults that hang on the device are resolved from it; a bad value is a one-line error."""
+    monkeypatch.setenv("COLUMNS", "1000")  # no line breaks in the help, at hyphens or elsewhere
+    help_text = ws._parser().format_help()
+    for name, doc in config_flags.field_docs(ws.WarmStartConfig).items():
+        assert doc in help_text, name
+    cfg = ws.parse_args(["--device", "cpu", "--batch-size", "2", "--lr", "1e-3", "--out", "o"])
+    assert cfg == ws.WarmStartConfig(device="cpu", library=LIBRARIES["cpu"], batch_size=2, lr=1e-3, out="o")
+    assert cfg.tasks == ws.DEFAULT_TASKS["cpu"]
+    with pytest.raises(SystemExit, match="^error: --batch-size must be at least 1$"):
+        ws.parse_args(["--device", "cpu", "--batch-size", "0", "--out", "o"])
