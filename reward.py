@@ -27,38 +27,50 @@ may have different numbers of turns and are pooled as they are. A group whose re
 gets advantage 0 everywhere (it carries no learning signal).
 """
 
+from __future__ import annotations
+
 import argparse
-import dataclasses
 import json
 import math
 import signal
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Literal
+
+from kevin.config_flags import add_config_flags, given_flags
 
 RETURN_MODES = ("sum", "max")
 GROUP_BY = ("task", "task-turn", "trajectory")
-BASELINES = ("group", "leave-one-out")
 
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """How a kernel is scored and a turn credited: the paper's defaults, written here only."""
+    """How a kernel is scored and a turn credited: the paper's defaults, written here only; each field is a
+    flag of reward.py (kevin/config_flags.py), and all but eps of train.py too."""
     correct_weight: float = 0.3
     """score of any correct kernel"""
     speedup_weight: float = 1.0
     """score per unit of speedup over eager, correct kernels only (no clipping)"""
     gamma: float = 0.4
     """discount per turn (paper: 0.4 with the sum, 0.8 with the max)"""
-    return_mode: str = "sum"
+    return_mode: Literal["sum", "max"] = "sum"
     """discounted sum or discounted max of later scores"""
-    group_by: str = "task"
+    group_by: Literal["task", "task-turn", "trajectory"] = "task"
     """advantage groups: all of a task's turn-samples, a task's samples at one turn, or one trajectory"""
-    baseline: str = "group"
-    """group: (R - mean) / std of the group; leave-one-out: R - mean of the group's other returns"""
+    baseline: Literal["group", "leave-one-out"] = "group"
+    """group: (R - mean) / std over the group (the paper's); leave-one-out: R - mean of the group's other returns,
+    no std (TRLOO, Dr. Kernel; with --group-by task-turn as there)"""
     eps: float = 1e-6
     """added to the std before dividing"""
+
+    def __post_init__(self):
+        """A discount outside [0, 1] would let later turns outweigh earlier ones (or flip their sign), and a
+        zero eps would divide by zero."""
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"--gamma must be in [0, 1], got {self.gamma}")
+        if self.eps <= 0:
+            raise ValueError(f"--eps must be > 0, got {self.eps}")
 
 
 # ---------------------------------------------------------------- math
@@ -233,41 +245,27 @@ def summary_table(trajectories: list[dict], group_by: str) -> str:
     return "\n".join(lines)
 
 
-def add_reward_flags(p: argparse.ArgumentParser) -> None:
-    """The flags reward.py and train.py share, their defaults RewardConfig's."""
-    defaults = RewardConfig()
-    p.add_argument("--gamma", type=float, default=defaults.gamma,
-                   help="discount per turn (paper: 0.4 with sum, 0.8 with max)")
-    p.add_argument("--return-mode", choices=RETURN_MODES, default=defaults.return_mode,
-                   help="discounted sum or discounted max of later scores")
-    p.add_argument("--correct-weight", type=float, default=defaults.correct_weight, help="score for any correct kernel")
-    p.add_argument("--speedup-weight", type=float, default=defaults.speedup_weight,
-                   help="score per unit of speedup over eager, correct kernels only")
-    p.add_argument("--group-by", choices=GROUP_BY, default=defaults.group_by,
-                   help="advantage groups: all of a task's turn-samples, a task's samples at one turn, or one trajectory")
-    p.add_argument("--baseline", choices=BASELINES, default=defaults.baseline,
-                   help="group: (R - mean) / std over the group (the paper's); leave-one-out: R - mean of the group's "
-                        "other returns, no std (TRLOO, Dr. Kernel; with --group-by task-turn as there)")
+def add_reward_flags(p: argparse.ArgumentParser, leave_out: tuple[str, ...] = ("eps",)) -> None:
+    """One flag per RewardConfig field, default None so that RewardConfig's defaults stay the only ones; eps,
+    a numerical guard rather than a choice of reward, is reward.py's alone."""
+    add_config_flags(p, RewardConfig, leave_out)
 
 
 def reward_config(args: argparse.Namespace) -> RewardConfig:
-    """The config that the flags of `add_reward_flags` ask for; a gamma outside [0, 1] stops the run."""
-    if not 0.0 <= args.gamma <= 1.0:
-        raise SystemExit(f"error: --gamma must be in [0, 1], got {args.gamma}")
-    return RewardConfig(correct_weight=args.correct_weight, speedup_weight=args.speedup_weight, gamma=args.gamma,
-                        return_mode=args.return_mode, group_by=args.group_by, baseline=args.baseline)
+    """The config that the flags of `add_reward_flags` ask for, over RewardConfig's defaults; a bad value stops
+    the run with a one-line error."""
+    try:
+        return RewardConfig(**given_flags(args, RewardConfig))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("input", help="trajectory JSONL from generate.py, or - for stdin")
-    add_reward_flags(p)
-    p.add_argument("--eps", type=float, default=RewardConfig.eps, help="added to the std before dividing")
+    add_reward_flags(p, leave_out=())
     args = p.parse_args(argv)
-    if args.eps <= 0:
-        raise SystemExit(f"error: --eps must be > 0, got {args.eps}")
-    config = dataclasses.replace(reward_config(args), eps=args.eps)
+    config = reward_config(args)
 
     trajectories = add_rewards(load_trajectories(args.input), config)
     for trajectory in trajectories:

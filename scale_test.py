@@ -34,6 +34,8 @@ Run:
 Plots need matplotlib (optional: pip install matplotlib).
 """
 
+from __future__ import annotations
+
 import argparse
 import copy
 import json
@@ -41,10 +43,51 @@ import math
 import shlex
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from kevin.config_flags import add_config_flags, given_flags
 from reward import load_trajectories
+
+
+@dataclass(frozen=True)
+class ScaleTestConfig:
+    """What a run measures and where it writes: each field is a flag (kevin/config_flags.py), so its default and
+    its help are written here only."""
+    budget: int = 128
+    """kernels per task every allocation spends"""
+    turns: list[int] = field(default_factory=lambda: [8, 4, 1])
+    """turns per trajectory of each allocation; trajectories = budget / turns"""
+    thresholds: list[float] = field(default_factory=lambda: [1.0, 1.5])
+    """speedups p reported as fast_p"""
+    curve_k: int | None = None
+    """k of the metrics-against-turns curve (default: the smallest pool)"""
+    curve_turns: int | None = None
+    """turns of the metrics-against-k curve (default: the longest trajectory)"""
+    live: bool = False
+    """generate fresh rollouts with generate.py instead of reading files"""
+    generate_args: str = ""
+    '''live: flags for generate.py in one string, e.g. "--backend vllm --model M --tasks tasks/level1"'''
+    out_dir: Path = Path("runs/scale_test")
+    """live: where each allocation's rollouts go (NxT.jsonl); an existing file is resumed"""
+    beam_width: int = 16
+    """live beam search: trajectories kept alive (turns = budget / width)"""
+    beam_keep: int = 4
+    """live beam search: best trajectories kept after each turn"""
+    out_json: Path | None = None
+    """write every number here as JSON"""
+    plot_dir: Path | None = None
+    """write PNG curves here (needs matplotlib)"""
+
+    def __post_init__(self):
+        """What needs no trajectories: a budget below 1 spends nothing, and a threshold of 0 would count incorrect
+        trajectories (speedup 0) as fast; what depends on the pools or on --live is checked where those are known."""
+        if self.budget < 1:
+            raise ValueError(f"--budget must be >= 1, got {self.budget}")
+        if any(t <= 0 for t in self.thresholds):
+            raise ValueError(f"--thresholds must be > 0, got {self.thresholds}")
+
 
 # ---------------------------------------------------------------- metrics
 def trajectory_outcome(evals: Sequence[dict], turns: int) -> tuple[bool, float]:
@@ -218,36 +261,36 @@ def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path:
     return done
 
 
-def live_report(args: argparse.Namespace) -> dict:
+def live_report(cfg: ScaleTestConfig) -> dict:
     """Generate exactly n x T rollouts per allocation with generate.py, then measure them as offline."""
-    generate_args = shlex.split(args.generate_args)
+    generate_args = shlex.split(cfg.generate_args)
     for flag in ("--n-trajectories", "--turns", "--out"):
         if any(a == flag or a.startswith(flag + "=") for a in generate_args):
             raise SystemExit(f"error: --generate-args must not set {flag}: scale_test.py sets it per allocation")
-    if args.budget % args.beam_width or args.beam_width % args.beam_keep:
+    if cfg.budget % cfg.beam_width or cfg.beam_width % cfg.beam_keep:
         raise SystemExit("error: --beam-width must divide --budget and --beam-keep must divide --beam-width")
     import generate  # torch and transformers load only in live mode
 
     rows, files, pools_by_turns = [], [], {}
-    for n, t in allocations(args.budget, args.turns):
-        path = args.out_dir / f"{n}x{t}.jsonl"
+    for n, t in allocations(cfg.budget, cfg.turns):
+        path = cfg.out_dir / f"{n}x{t}.jsonl"
         print(f"allocation {n} x {t}: generating into {path}", file=sys.stderr)
         generate.main([*generate_args, "--n-trajectories", str(n), "--turns", str(t), "--out", str(path)])
         pools = group_pools([r for r in load_trajectories(str(path)) if r["trajectory"] < n])  # a resumed file may hold more
-        rows.append(allocation_row(pools, n, t, args.thresholds))
+        rows.append(allocation_row(pools, n, t, cfg.thresholds))
         files.append(str(path))
         pools_by_turns[t] = pools
-    beam_turns = args.budget // args.beam_width
-    path = args.out_dir / f"beam_{args.beam_width}x{beam_turns}_keep{args.beam_keep}.jsonl"
-    print(f"beam {args.beam_width} x {beam_turns}, keeping {args.beam_keep}: generating into {path}", file=sys.stderr)
-    beams = live_beam(generate_args, args.beam_width, beam_turns, args.beam_keep, path)
-    rows.append({**allocation_row(group_pools(beams), args.beam_width, beam_turns, args.thresholds),
+    beam_turns = cfg.budget // cfg.beam_width
+    path = cfg.out_dir / f"beam_{cfg.beam_width}x{beam_turns}_keep{cfg.beam_keep}.jsonl"
+    print(f"beam {cfg.beam_width} x {beam_turns}, keeping {cfg.beam_keep}: generating into {path}", file=sys.stderr)
+    beams = live_beam(generate_args, cfg.beam_width, beam_turns, cfg.beam_keep, path)
+    rows.append({**allocation_row(group_pools(beams), cfg.beam_width, beam_turns, cfg.thresholds),
                  "strategy": "beam"})
     files.append(str(path))
     serial = pools_by_turns[max(pools_by_turns)]  # the curves come from the allocation with the most turns
-    return {"mode": "live", "budget": args.budget, "generate_args": generate_args, "files": files,
+    return {"mode": "live", "budget": cfg.budget, "generate_args": generate_args, "files": files,
             "tasks": len(serial), "allocations": rows,
-            "curves": curves(serial, args.thresholds, args.curve_k, args.curve_turns)}
+            "curves": curves(serial, cfg.thresholds, cfg.curve_k, cfg.curve_turns)}
 
 
 def markdown_table(rows: list[dict], thresholds: Sequence[float]) -> str:
@@ -308,79 +351,49 @@ def plot_curves(curves: dict, thresholds: Sequence[float], plot_dir: Path) -> li
 
 
 # ---------------------------------------------------------------- main
-def parse_floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
-def parse_ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+def _parser() -> argparse.ArgumentParser:
+    """The trajectory files, then one flag per ScaleTestConfig field (kevin/config_flags.py)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="*", help="trajectory JSONL files from generate.py (offline mode)")
+    add_config_flags(p, ScaleTestConfig)
+    return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("files", nargs="*", help="trajectory JSONL files from generate.py (offline mode)")
-    # budget and allocations
-    p.add_argument("--budget", type=int, default=128, help="kernels per task every allocation spends")
-    p.add_argument("--turns", type=parse_ints, default=[8, 4, 1],
-                   help="turns per trajectory of each allocation; trajectories = budget / turns")
-    p.add_argument("--thresholds", type=parse_floats, default=[1.0, 1.5], help="speedups p reported as fast_p")
-    # curves
-    p.add_argument("--curve-k", type=int, default=None,
-                   help="k of the metrics-against-turns curve (default: the smallest pool)")
-    p.add_argument("--curve-turns", type=int, default=None,
-                   help="turns of the metrics-against-k curve (default: the longest trajectory)")
-    # live mode
-    p.add_argument("--live", action="store_true", help="generate fresh rollouts with generate.py instead of reading files")
-    p.add_argument("--generate-args", default="",
-                   help="live: flags for generate.py in one string, e.g. \"--backend vllm --model M --tasks tasks/level1\"")
-    p.add_argument("--out-dir", type=Path, default=Path("runs/scale_test"),
-                   help="live: where each allocation's rollouts go (NxT.jsonl); an existing file is resumed")
-    p.add_argument("--beam-width", type=int, default=16, help="live beam search: trajectories kept alive (turns = budget / width)")
-    p.add_argument("--beam-keep", type=int, default=4, help="live beam search: best trajectories kept after each turn")
-    # output
-    p.add_argument("--out-json", type=Path, default=None, help="write every number here as JSON")
-    p.add_argument("--plot-dir", type=Path, default=None, help="write PNG curves here (needs matplotlib)")
-    args = p.parse_args(argv)
-    if args.budget < 1:
-        raise SystemExit(f"error: --budget must be >= 1, got {args.budget}")
-    if any(t <= 0 for t in args.thresholds):
-        raise SystemExit(f"error: --thresholds must be > 0, got {args.thresholds}")
-    if args.out_json and args.out_json.is_dir():
-        raise SystemExit(f"error: --out-json {args.out_json} is a folder; give a file, e.g. "
-                         f"{args.out_json / 'scale.json'}")
-    if args.plot_dir and args.plot_dir.is_file():
-        raise SystemExit(f"error: --plot-dir {args.plot_dir} is a file, not a folder")
-    if args.plot_dir:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = ScaleTestConfig(**given_flags(args, ScaleTestConfig))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    if cfg.out_json and cfg.out_json.is_dir():
+        raise SystemExit(f"error: --out-json {cfg.out_json} is a folder; give a file, e.g. "
+                         f"{cfg.out_json / 'scale.json'}")
+    if cfg.plot_dir and cfg.plot_dir.is_file():
+        raise SystemExit(f"error: --plot-dir {cfg.plot_dir} is a file, not a folder")
+    if cfg.plot_dir:
         import_pyplot()  # fail before any work
-    if args.live:
+    if cfg.live:
         if args.files:
             raise SystemExit("error: --live generates its own rollouts: give no trajectory files")
-        report = live_report(args)
+        report = live_report(cfg)
     else:
         if not args.files:
             raise SystemExit("error: give one or more trajectory files, or --live")
         trajectories = [t for path in args.files for t in load_trajectories(path)]
         if not trajectories:
             raise SystemExit("error: the trajectory files hold no trajectories")
-        report = offline_report(group_pools(trajectories), args.budget, args.turns, args.thresholds,
-                                args.curve_k, args.curve_turns)
+        report = offline_report(group_pools(trajectories), cfg.budget, cfg.turns, cfg.thresholds,
+                                cfg.curve_k, cfg.curve_turns)
         report["files"] = args.files
-    report["thresholds"] = args.thresholds
+    report["thresholds"] = cfg.thresholds
 
-    print(markdown_table(report["allocations"], args.thresholds))
-    if args.out_json:
-        args.out_json.parent.mkdir(parents=True, exist_ok=True)
-        args.out_json.write_text(json.dumps(report, indent=1))
-        print(f"wrote {args.out_json}", file=sys.stderr)
-    if args.plot_dir:
-        for path in plot_curves(report["curves"], args.thresholds, args.plot_dir):
+    print(markdown_table(report["allocations"], cfg.thresholds))
+    if cfg.out_json:
+        cfg.out_json.parent.mkdir(parents=True, exist_ok=True)
+        cfg.out_json.write_text(json.dumps(report, indent=1))
+        print(f"wrote {cfg.out_json}", file=sys.stderr)
+    if cfg.plot_dir:
+        for path in plot_curves(report["curves"], cfg.thresholds, cfg.plot_dir):
             print(f"wrote {path}", file=sys.stderr)
 
 

@@ -43,11 +43,14 @@ def _flag_type(annotation: str) -> tuple[type, tuple | None]:
     return FLAG_TYPES[annotation], None
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, cls, leave_out: tuple[str, ...] = ()) -> None:
     """`--field-name VALUE` per field (`--flag` / `--no-flag` for a bool, after its default; the choices of a
-    Literal; comma-separated lists; required for a field without a default), default None."""
+    Literal; comma-separated lists; required for a field without a default), default None; the fields in
+    `leave_out` keep their default, for a stage that shares only part of a config."""
     docs = field_docs(cls)
     for f in fields(cls):
+        if f.name in leave_out:
+            continue
         flag = "--" + f.name.replace("_", "-")
         doc = docs[f.name].replace("%", "%%")  # argparse %-formats help; a docstring's % is literal
         if f.type == "bool" and f.default:
@@ -65,5 +68,5 @@ def add_config_flags(parser: argparse.ArgumentParser, cls) -> None:
 
 
 def given_flags(args: argparse.Namespace, cls) -> dict:
-    """The fields whose flags were given on the command line."""
-    return {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name) is not None}
+    """The fields whose flags were given on the command line (a field left without a flag never is)."""
+    return {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}

@@ -1,5 +1,6 @@
 """reward.py: scores, both return aggregations, normalisation, grouping and the command line."""
 
+import argparse
 import json
 import math
 import subprocess
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from reward import (RewardConfig, add_rewards, discounted_returns, drop_zero_advantage_groups, leave_one_out, normalise,
-                    turn_score)
+from kevin import config_flags
+from reward import (RewardConfig, add_reward_flags, add_rewards, discounted_returns, drop_zero_advantage_groups,
+                    leave_one_out, normalise, reward_config, turn_score)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -247,3 +249,20 @@ def test_cli_help_lists_every_flag():
     for flag in ("--gamma", "--return-mode", "--correct-weight", "--speedup-weight", "--group-by", "--baseline",
                  "--eps"):
         assert flag in result.stdout
+
+
+def test_every_config_field_is_a_flag_with_its_docstring_as_help():
+    """reward.py's flags, of which train.py shares all but --eps; a flag not given keeps RewardConfig's default."""
+    p = argparse.ArgumentParser()
+    add_reward_flags(p, leave_out=())
+    help_text = " ".join(p.format_help().split())
+    for name, doc in config_flags.field_docs(RewardConfig).items():
+        assert doc in help_text, name
+    assert reward_config(p.parse_args([])) == RewardConfig()
+    given = reward_config(p.parse_args(["--gamma", "0.8", "--baseline", "leave-one-out", "--eps", "0.1"]))
+    assert given == RewardConfig(gamma=0.8, baseline="leave-one-out", eps=0.1)
+    with pytest.raises(SystemExit, match=r"^error: --gamma must be in \[0, 1\], got 1.5$"):
+        reward_config(p.parse_args(["--gamma", "1.5"]))
+    shared = argparse.ArgumentParser()
+    add_reward_flags(shared)
+    assert "--eps" not in shared.format_help() and reward_config(shared.parse_args([])) == RewardConfig()

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from scale_test import (allocations, beam_search, best_at_k, offline_report, group_pools, pass_at_k, pool_metrics,
-                        task_metrics, trajectory_outcome)
+from kevin import config_flags
+from scale_test import (ScaleTestConfig, _parser, allocations, beam_search, best_at_k, offline_report, group_pools,
+                        pass_at_k, pool_metrics, task_metrics, trajectory_outcome)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -296,3 +297,16 @@ def test_help_works():
     result = run_cli("--help")
     assert result.returncode == 0
     assert "--budget" in result.stdout and "--live" in result.stdout
+
+
+def test_every_config_field_is_a_flag_with_its_docstring_as_help():
+    """Spaces aside: argparse wraps the help after a hyphen too (`"--backend` in --generate-args's)."""
+    help_text = "".join(_parser().format_help().split())
+    for name, doc in config_flags.field_docs(ScaleTestConfig).items():
+        assert "".join(doc.split()) in help_text, name
+    assert "(default:8,4,1)" in help_text and "(default:runs/scale_test)" in help_text
+    args = _parser().parse_args(["a.jsonl", "b.jsonl", "--turns", "2,1", "--thresholds", "2", "--out-json", "s.json"])
+    cfg = ScaleTestConfig(**config_flags.given_flags(args, ScaleTestConfig))
+    assert args.files == ["a.jsonl", "b.jsonl"]
+    assert cfg == ScaleTestConfig(turns=[2, 1], thresholds=[2.0], out_json=Path("s.json"))
+    assert ScaleTestConfig(**config_flags.given_flags(_parser().parse_args([]), ScaleTestConfig)) == ScaleTestConfig()
