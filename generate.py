@@ -35,6 +35,8 @@ none and estimates a prompt's length as characters / 4. The hf backend keeps eve
 get log-probs, which suits small models and tests; use vllm for real runs.
 """
 
+from __future__ import annotations
+
 from kevin.startup import quiet_ctrl_c_while_starting, started
 
 if __name__ == "__main__":
@@ -43,12 +45,12 @@ if __name__ == "__main__":
 import argparse
 import json
 import os
-import re
 import sys
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from kevin.dependencies import require
 
@@ -58,6 +60,8 @@ from tqdm import tqdm
 
 from evaluate import EvalConfig, evaluate, load_tasks as index_tasks, resolve_device
 from kevin.backends import HFBackend, OpenAIBackend, VLLMBackend, check_model, check_vllm
+from kevin.config_flags import add_config_flags, check, given_flags
+from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
 from kevin.static_rules import FENCE, RULE_PROFILES, extract_code
 from kevin.tiny_model import build_tiny_model
 
@@ -398,7 +402,7 @@ def summary_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def make_backend(args: argparse.Namespace):
+def make_backend(args: GenerateConfig):
     """The backend --backend names, its model checked first; progress bars on stderr."""
     model = args.model
     if args.backend == "openai":
@@ -414,67 +418,62 @@ def make_backend(args: argparse.Namespace):
                        args.gpu_memory_utilization, args.seed, progress=True)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # what to solve
-    p.add_argument("--tasks", default=str(REPO / "tasks"),
-                   help="a task file, a folder of tasks (e.g. a KernelBench level), or a split name of tasks/split.json")
+@dataclass
+class GenerateConfig(RolloutConfig):
+    """The rollout settings (kevin/rollout_config.py) and generate.py's own: output, backends, evaluation."""
+    out: str = field(kw_only=True)
+    """output JSONL, one trajectory a line; an existing file is resumed; - for stdout"""
+    tasks_per_batch: int = 8
+    """tasks whose trajectories share the generation and evaluation batches and are written together when done
+    (0: all tasks at once)"""
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    """how replies are generated"""
+    tensor_parallel_size: int = 1
+    """vllm: GPUs one model is split over"""
+    base_url: str = "http://localhost:8000/v1"
+    """openai: endpoint base URL"""
+    api_key_env: str = "OPENAI_API_KEY"
+    """openai: environment variable holding the key"""
+    concurrency: int = 32
+    """openai: requests in flight at once"""
+    retries: int = 5
+    """openai: retries of a failed request, with backoff"""
+    device: Literal["auto", "cuda", "cpu"] = EvalConfig.device
+    """where candidates are evaluated; cpu asks for C++ kernels instead of CUDA; auto: cuda when a GPU is visible"""
+    gpus: list[int] | None = None
+    """comma-separated GPU ids for evaluation (default: all visible)"""
+
+    def __post_init__(self):
+        super().__post_init__()
+        check(self, {"tensor_parallel_size": AT_LEAST_1, "concurrency": AT_LEAST_1, "tasks_per_batch": NOT_NEGATIVE,
+                     "retries": NOT_NEGATIVE,
+                     "gpus": ("be GPU ids like 0,1", lambda gpus: bool(gpus) and min(gpus) >= 0)})
+
+
+def _parser() -> argparse.ArgumentParser:
+    """One flag per GenerateConfig field (kevin/config_flags.py); the splits on offer in the last line."""
     splits = ", ".join(json.loads(SPLITS.read_text())) if SPLITS.exists() else "none"
-    p.add_argument("--split", default=None, help=f"keep only the tasks of this split of tasks/split.json ({splits})")
-    p.add_argument("--out", required=True,
-                   help="output JSONL, one trajectory a line; an existing file is resumed; - for stdout")
-    # rollouts (paper defaults)
-    p.add_argument("--n-trajectories", type=int, default=16, help="parallel trajectories per task")
-    p.add_argument("--turns", type=int, default=4, help="refinement turns per trajectory (paper: 4 train, 8 eval)")
-    p.add_argument("--temperature", type=float, default=0.9, help="sampling temperature")
-    p.add_argument("--max-tokens", type=int, default=16384, help="most tokens in one reply")
-    p.add_argument("--context-budget", type=int, default=16384,
-                   help="most prompt tokens; previous attempts that do not fit are dropped earliest first")
-    p.add_argument("--tasks-per-batch", type=int, default=8,
-                   help="tasks whose trajectories share the generation and evaluation batches and are written "
-                        "together when done (0: all tasks at once)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    # model and backend
-    p.add_argument("--model", default="tiny", help="HF id or local path; 'tiny' builds the local tiny model")
-    p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf", help="how replies are generated")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs one model is split over")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="vllm: share of GPU memory to take (on a CPU build: of host memory; lower it there)")
-    p.add_argument("--base-url", default="http://localhost:8000/v1", help="openai: endpoint base URL")
-    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="openai: environment variable holding the key")
-    p.add_argument("--concurrency", type=int, default=32, help="openai: requests in flight at once")
-    p.add_argument("--retries", type=int, default=5, help="openai: retries of a failed request, with backoff")
-    # evaluation
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default=EvalConfig.device,
-                   help="where candidates are evaluated; cpu asks for C++ kernels instead of CUDA; auto: cuda "
-                        "when a GPU is visible")
-    p.add_argument("--gpus", default=None, help="comma-separated GPU ids for evaluation (default: all visible)")
-    p.add_argument("--rules", choices=list(RULE_PROFILES), default=EvalConfig.rules,
-                   help="which rules judge, and so what the prompt allows: kevin (the paper's: no PyTorch ops or "
-                        "torch.nn layers) or kernelbench (KernelBench's: PyTorch allowed for what is not replaced)")
-    args = p.parse_args(argv)
-    for flag in ("n_trajectories", "turns", "max_tokens", "context_budget", "concurrency", "tensor_parallel_size"):
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"error: --{flag.replace('_', '-')} must be at least 1")
-    if args.temperature <= 0:
-        raise SystemExit(f"error: --temperature must be positive (replies are sampled; the paper's is 0.9), got "
-                         f"{args.temperature}")
-    if args.tasks_per_batch < 0 or args.retries < 0:
-        raise SystemExit("error: --tasks-per-batch and --retries must not be negative")
-    if args.gpus is not None:
-        if not re.fullmatch(r"\d+(,\d+)*", args.gpus):
-            raise SystemExit(f"error: --gpus takes comma-separated GPU ids like 0,1 (got {args.gpus!r})")
-        args.gpus = [int(g) for g in args.gpus.split(",")]
-    return args
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog=f"--split and --tasks take a split name of tasks/split.json ({splits})")
+    add_config_flags(p, GenerateConfig)
+    return p
 
 
-def kernel_device(args: argparse.Namespace) -> str:
+def parse_args(argv=None) -> GenerateConfig:
+    """The flags given, over GenerateConfig's defaults; a bad value is a one-line error."""
+    try:
+        return GenerateConfig(**given_flags(_parser().parse_args(argv), GenerateConfig))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def kernel_device(args: GenerateConfig) -> str:
     """'cuda' or 'cpu' (--device auto resolved): where candidates run, so which kernels the prompts ask for.
     An impossible choice (cuda without a GPU, --gpus not visible) stops the run here, before any generation."""
     return resolve_device(EvalConfig(device=args.device, gpus=args.gpus))[0]
 
 
-def roll_out(todo: list[tuple[Task, int]], backend, args: argparse.Namespace, device: str):
+def roll_out(todo: list[tuple[Task, int]], backend, args: GenerateConfig, device: str):
     """Yield the finished trajectory records of each group of --tasks-per-batch tasks, all turns done."""
     eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules)
     size = (args.tasks_per_batch or len(todo)) * args.n_trajectories

@@ -54,6 +54,8 @@ Simplifications, said out loud:
   engine's greedy reply and log-probs of a fixed prompt are checked against the policy's on every rank.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import math
@@ -65,9 +67,10 @@ import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 from kevin.dependencies import require
 
@@ -84,7 +87,8 @@ from kevin.batching import Sample, collate, put_logprob_head, reply_logprobs
 from evaluate import EvalConfig
 from generate import Task, load_tasks, run_turn
 from kevin.backends import HFBackend, check_model, check_vllm
-from kevin.static_rules import RULE_PROFILES
+from kevin.config_flags import add_config_flags, check, given_flags
+from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
 from kevin.tiny_model import build_tiny_model
 from kevin.vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 
@@ -113,9 +117,6 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) that is never negative: exp(d) - d - 1 with d = ref - policy."""
     d = ref_logprobs - logprobs
     return torch.exp(d) - d - 1
-
-
-IS_MODES = ("off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
 
 
 def importance_weights(trainer: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, mode: str,
@@ -395,109 +396,127 @@ def parameter_checksum(model) -> float:
 
 
 # ---------------------------------------------------------------- config
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+@dataclass
+class TrainConfig(RolloutConfig):
+    """The rollout settings (kevin/rollout_config.py), their sizes and place left to the machine, and training's own."""
+    tasks: str | None = None
+    """task file, folder or split name of tasks/split.json (default: train with a GPU, tests/tasks without)"""
+    n_trajectories: int | None = None
+    """parallel trajectories per task (default: 16 / 2)"""
+    turns: int | None = None
+    """refinement turns per trajectory (default: 4 / 2)"""
+    max_tokens: int | None = None
+    """most tokens in a reply, and the loss's length normaliser (default: 16384 / 128)"""
+    gpu_memory_utilization: float = 0.3  # the engine shares the GPU with the policy being trained
     # model
-    p.add_argument("--model", default="tiny", help="HF id or local path of the policy; 'tiny' builds the local tiny model")
-    p.add_argument("--lora-rank", type=int, default=0,
-                   help="train LoRA adapters of this rank (alpha = 2 x rank) on every linear layer instead of all "
-                        "weights; 0: full fine-tuning (needs peft)")
-    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward to save memory")
-    p.add_argument("--logprob-chunk", type=int, default=4096,
-                   help="reply tokens whose logits the loss computes at once, a vocabulary tile of 32,768 at a time "
-                        "(and again in backward, their gradient in their place); memory ~ chunk x 32,768 x 2 bytes on "
-                        "a GPU, whatever the reply length and vocabulary")
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="bf16 mixed precision, fp32 master weights (default: on with a GPU, off without)")
+    lora_rank: int = 0
+    """train LoRA adapters of this rank (alpha = 2 x rank) on every linear layer instead of all weights; 0: full
+    fine-tuning (needs peft)"""
+    gradient_checkpointing: bool = False
+    """recompute activations in backward to save memory"""
+    logprob_chunk: int = 4096
+    """reply tokens whose logits the loss computes at once, a vocabulary tile of 32,768 at a time (and again in
+    backward, their gradient in their place); memory ~ chunk x 32,768 x 2 bytes on a GPU, whatever the reply length
+    and vocabulary"""
+    bf16: bool | None = None
+    """bf16 mixed precision, fp32 master weights (default: on with a GPU, off without)"""
     # tasks and rollouts (defaults: the paper's for a real model on a GPU, a small demo otherwise)
-    p.add_argument("--tasks", default=None,
-                   help="task file, folder or split name of tasks/split.json (default: train with a GPU, tests/tasks without)")
-    p.add_argument("--split", default=None, help="keep only the tasks of this split of tasks/split.json")
-    p.add_argument("--tasks-per-step", type=int, default=None,
-                   help="tasks per step, split evenly over the processes (default: 8 for a real model on a GPU, 2 otherwise)")
-    p.add_argument("--n-trajectories", type=int, default=None, help="parallel trajectories per task (default: 16 / 2)")
-    p.add_argument("--turns", type=int, default=None, help="refinement turns per trajectory (default: 4 / 2)")
-    p.add_argument("--temperature", type=float, default=0.9, help="sampling temperature; log-probs in the loss use it too")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="most tokens in a reply, and the loss's length normaliser (default: 16384 / 128)")
-    p.add_argument("--context-budget", type=int, default=16384,
-                   help="most prompt tokens; previous attempts that do not fit are dropped earliest first")
-    p.add_argument("--backend", choices=["hf", "vllm", "vllm-server"], default="hf",
-                   help="hf: generate with the policy itself; vllm: a vLLM engine in every process; vllm-server: "
-                        "the vLLM server at --base-url; both vLLM ones take the policy's weights after every update")
-    p.add_argument("--base-url", default=None,
-                   help="vllm-server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1 (README: "
-                        "how to start it); the weights go through OUTPUT_DIR/weights, which it must be able to read")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.3,
-                   help="vllm: share of GPU memory (of host memory on a CPU build) the engine takes")
-    p.add_argument("--eval-device", choices=["cuda", "cpu"], default=None,
-                   help="where kernels are evaluated; cpu asks for C++ kernels (default: cuda with a GPU, cpu without)")
-    p.add_argument("--rules", choices=list(RULE_PROFILES), default=EvalConfig.rules,
-                   help="which rules judge the kernels, and so what the prompt allows: kevin (the paper's) or "
-                        "kernelbench (KernelBench's: PyTorch allowed for what is not replaced)")
-    p.add_argument("--rollouts", default=None,
-                   help="offline: update from this trajectory JSONL instead of rolling out; turns without an "
-                        "advantage get reward.py's; one step per --tasks-per-step tasks of the file")
-    # reward: reward.py's flags and defaults
-    reward.add_reward_flags(p)
+    tasks_per_step: int | None = None
+    """tasks per step, split evenly over the processes (default: 8 for a real model on a GPU, 2 otherwise)"""
+    backend: Literal["hf", "vllm", "vllm-server"] = "hf"
+    """hf: generate with the policy itself; vllm: a vLLM engine in every process; vllm-server: the vLLM server at
+    --base-url; both vLLM ones take the policy's weights after every update"""
+    base_url: str | None = None
+    """vllm-server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1 (README: how to start it);
+    the weights go through OUTPUT_DIR/weights, which it must be able to read"""
+    eval_device: Literal["cuda", "cpu"] | None = None
+    """where kernels are evaluated; cpu asks for C++ kernels (default: cuda with a GPU, cpu without)"""
+    rollouts: str | None = None
+    """offline: update from this trajectory JSONL instead of rolling out; turns without an advantage get
+    reward.py's; one step per --tasks-per-step tasks of the file"""
     # optimisation
-    p.add_argument("--steps", type=int, default=None,
-                   help="steps (rollout + updates); default 40 with a GPU, 3 without; offline: all of the file")
-    p.add_argument("--updates-per-batch", type=int, default=2, help="gradient steps per batch of rollouts")
-    p.add_argument("--lr", type=float, default=2e-6, help="peak learning rate (AdamW)")
-    p.add_argument("--warmup-ratio", type=float, default=0.03, help="share of all gradient steps spent warming up linearly")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--eps-low", type=float, default=0.2, help="ratio clip below 1")
-    p.add_argument("--eps-high", type=float, default=0.28, help="ratio clip above 1 (clip-higher)")
-    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient; > 0 loads a frozen reference model")
-    p.add_argument("--max-grad-norm", type=float, default=0.05, help="clip the gradient's global norm to this")
-    p.add_argument("--micro-batch-size", type=int, default=4,
-                   help="samples per forward/backward pass; gradients accumulate over a rank's whole batch")
+    steps: int | None = None
+    """steps (rollout + updates); default 40 with a GPU, 3 without; offline: all of the file"""
+    updates_per_batch: int = 2
+    """gradient steps per batch of rollouts"""
+    lr: float = 2e-6
+    """peak learning rate (AdamW)"""
+    warmup_ratio: float = 0.03
+    """share of all gradient steps spent warming up linearly"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    eps_low: float = 0.2
+    """ratio clip below 1"""
+    eps_high: float = 0.28
+    """ratio clip above 1 (clip-higher)"""
+    beta: float = 0.0
+    """KL coefficient; > 0 loads a frozen reference model"""
+    max_grad_norm: float = 0.05
+    """clip the gradient's global norm to this"""
+    micro_batch_size: int = 4
+    """samples per forward/backward pass; gradients accumulate over a rank's whole batch"""
     # beyond the paper: each off by default (README: when to switch it on); --baseline is among the reward flags
-    p.add_argument("--filter-zero-std", action="store_true",
-                   help="drop the groups whose advantages are all 0 before the update (no gradient, only compute); "
-                        "the loss's normaliser then counts the samples kept (DAPO's dynamic sampling, no refill)")
-    p.add_argument("--mask-truncated", action="store_true",
-                   help="replies that reached --max-tokens get no loss; they still count in the normaliser")
-    p.add_argument("--is-correction", choices=IS_MODES, default="off",
-                   help="correct the sampler/trainer mismatch (TRL's vllm_importance_sampling_correction): the ratio "
-                        "against the trainer's own log-probs, each token's loss weighted by pi_trainer / pi_sampler, "
-                        "per token or per sequence, clipped at --is-cap (truncate) or zeroed beyond it (mask)")
-    p.add_argument("--is-cap", type=float, default=3.0, help="cap of the importance weight (TRL's default, 3)")
+    filter_zero_std: bool = False
+    """drop the groups whose advantages are all 0 before the update (no gradient, only compute); the loss's
+    normaliser then counts the samples kept (DAPO's dynamic sampling, no refill)"""
+    mask_truncated: bool = False
+    """replies that reached --max-tokens get no loss; they still count in the normaliser"""
+    is_correction: Literal["off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = "off"
+    """correct the sampler/trainer mismatch (TRL's vllm_importance_sampling_correction): the ratio against the
+    trainer's own log-probs, each token's loss weighted by pi_trainer / pi_sampler, per token or per sequence,
+    clipped at --is-cap (truncate) or zeroed beyond it (mask)"""
+    is_cap: float = 3.0
+    """cap of the importance weight (TRL's default)"""
     # run
-    p.add_argument("--seed", type=int, default=0, help="seed of task picking, sampling and initialisation")
-    p.add_argument("--output-dir", default=str(REPO / "runs" / "train"), help="checkpoints and the final model go here")
-    p.add_argument("--log", default=None, help="per-step metrics JSONL (default: OUTPUT_DIR/metrics.jsonl)")
-    p.add_argument("--save-every", type=int, default=10, help="checkpoint every this many steps (and after the last)")
-    p.add_argument("--resume", action="store_true",
-                   help="go on from the latest checkpoint in --output-dir that the metrics log reaches")
-    p.add_argument("--overwrite", action="store_true",
-                   help="delete a previous run's checkpoints, final model and metrics in --output-dir first")
-    p.add_argument("--report-to", choices=["none", "tensorboard", "wandb", "all"], default="none",
-                   help="also send metrics to these trackers")
-    args = p.parse_args(argv)
+    output_dir: str = str(REPO / "runs" / "train")
+    """checkpoints and the final model go here"""
+    log: str | None = None
+    """per-step metrics JSONL (default: OUTPUT_DIR/metrics.jsonl)"""
+    save_every: int = 10
+    """checkpoint every this many steps (and after the last)"""
+    resume: bool = False
+    """go on from the latest checkpoint in --output-dir that the metrics log reaches"""
+    overwrite: bool = False
+    """delete a previous run's checkpoints, final model and metrics in --output-dir first"""
+    report_to: Literal["none", "tensorboard", "wandb", "all"] = "none"
+    """also send metrics to these trackers"""
 
+    def __post_init__(self):
+        """The rollout checks, then training's; None (a size the machine decides) is checked once filled in."""
+        super().__post_init__()
+        positive = ("be positive", lambda value: value > 0)
+        check(self, {**dict.fromkeys(("tasks_per_step", "updates_per_batch", "micro_batch_size", "save_every",
+                                      "logprob_chunk", "steps"), AT_LEAST_1),
+                     **dict.fromkeys(("eps_low", "eps_high", "beta", "lr", "warmup_ratio", "lora_rank"), NOT_NEGATIVE),
+                     "max_grad_norm": positive, "is_cap": positive})
+        if self.resume and self.overwrite:
+            raise ValueError("--resume continues the previous run and --overwrite deletes it: pass one")
+
+
+def filled_in(config: TrainConfig) -> TrainConfig:
+    """The defaults left None, in this one place: the paper's sizes for a real model on a GPU and a demo's
+    otherwise (offline, --steps stays None: all of the file), CUDA or C++ by whether there is a GPU, the log
+    in --output-dir."""
     on_gpu = torch.cuda.is_available()
-    sizes = PAPER_SIZES if on_gpu and args.model != "tiny" else DEMO_SIZES
-    for name, value in {**sizes, **(GPU_PLACE if on_gpu else CPU_PLACE)}.items():
-        if getattr(args, name) is None and not (name == "steps" and args.rollouts):
-            setattr(args, name, value)
-    args.log = args.log or str(Path(args.output_dir) / "metrics.jsonl")
-    for flag in ("tasks_per_step", "n_trajectories", "turns", "max_tokens", "context_budget", "updates_per_batch",
-                 "micro_batch_size", "save_every", "logprob_chunk"):
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"error: --{flag.replace('_', '-')} must be at least 1")
-    if args.steps is not None and args.steps < 1:
-        raise SystemExit("error: --steps must be at least 1")
-    if min(args.eps_low, args.eps_high, args.beta, args.lr, args.warmup_ratio, args.lora_rank) < 0:
-        raise SystemExit("error: --eps-low, --eps-high, --beta, --lr, --warmup-ratio and --lora-rank must not be "
-                         "negative")
-    if min(args.temperature, args.max_grad_norm, args.is_cap) <= 0:
-        raise SystemExit("error: --temperature, --max-grad-norm and --is-cap must be positive")
-    args.reward = reward.reward_config(args)
-    if args.resume and args.overwrite:
-        raise SystemExit("error: --resume continues the previous run and --overwrite deletes it: pass one")
-    return args
+    sizes = PAPER_SIZES if on_gpu and config.model != "tiny" else DEMO_SIZES
+    unset = {name: value for name, value in {**sizes, **(GPU_PLACE if on_gpu else CPU_PLACE)}.items()
+             if getattr(config, name) is None and not (name == "steps" and config.rollouts)}
+    return replace(config, **unset, log=config.log or str(Path(config.output_dir) / "metrics.jsonl"))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """TrainConfig from the flags given, filled in for this machine, beside reward.py's flags and the RewardConfig
+    they ask for (`reward`): one namespace, which the rest of the file reads as `args`. A bad value is a one-line
+    error."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_config_flags(p, TrainConfig)
+    reward.add_reward_flags(p)  # reward.py's flags and defaults
+    args = p.parse_args(argv)
+    try:
+        config = filled_in(TrainConfig(**given_flags(args, TrainConfig)))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    return argparse.Namespace(**{**vars(args), **vars(config)}, reward=reward.reward_config(args))
 
 
 # ---------------------------------------------------------------- setup

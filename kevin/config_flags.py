@@ -9,15 +9,19 @@ import argparse
 import ast
 import inspect
 import textwrap
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 
 
 def field_docs(cls) -> dict[str, str]:
-    """Each dataclass field's docstring (the string right under it in the class source), on one line."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {a.target.id: " ".join(d.value.value.split()) for a, d in zip(body, body[1:])
-            if isinstance(a, ast.AnnAssign) and isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant)}
+    """Each dataclass field's docstring (the string right under it in the class source), on one line. A field
+    that a subclass declares again, to give it its own default, keeps its base's docstring unless it has one."""
+    docs = {}
+    for klass in reversed([k for k in cls.__mro__ if is_dataclass(k)]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        docs |= {a.target.id: " ".join(d.value.value.split()) for a, d in zip(body, body[1:])
+                 if isinstance(a, ast.AnnAssign) and isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant)}
+    return docs
 
 
 def _list_of(kind: type, what: str):
@@ -44,16 +48,18 @@ def _flag_type(annotation: str) -> tuple[type, tuple | None]:
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls, leave_out: tuple[str, ...] = ()) -> None:
-    """`--field-name VALUE` per field (`--flag` / `--no-flag` for a bool, after its default; the choices of a
-    Literal; comma-separated lists; required for a field without a default), default None; the fields in
-    `leave_out` keep their default, for a stage that shares only part of a config."""
+    """`--field-name VALUE` per field (`--flag` / `--no-flag` for a bool, after its default, both for a `bool | None`;
+    the choices of a Literal; comma-separated lists; required for a field without a default), default None; the
+    fields in `leave_out` keep their default, for a stage that shares only part of a config."""
     docs = field_docs(cls)
     for f in fields(cls):
         if f.name in leave_out:
             continue
         flag = "--" + f.name.replace("_", "-")
         doc = docs[f.name].replace("%", "%%")  # argparse %-formats help; a docstring's % is literal
-        if f.type == "bool" and f.default:
+        if f.type == "bool | None":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=doc)
+        elif f.type == "bool" and f.default:
             parser.add_argument(f"--no-{flag[2:]}", dest=f.name, action="store_false", default=None, help=doc)
         elif f.type == "bool":
             parser.add_argument(flag, action="store_true", default=None, help=doc)
@@ -70,3 +76,12 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, leave_out: tuple[str,
 def given_flags(args: argparse.Namespace, cls) -> dict:
     """The fields whose flags were given on the command line (a field left without a flag never is)."""
     return {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}
+
+
+def check(config, rules: dict[str, tuple[str, object]]) -> None:
+    """ValueError `--flag must RULE, got VALUE` for the first field that breaks its rule: name -> (the rule in
+    words, a predicate). None is not checked: it stands for a default that the stage fills in later."""
+    for name, (rule, ok) in rules.items():
+        value = getattr(config, name)
+        if value is not None and not ok(value):
+            raise ValueError(f"--{name.replace('_', '-')} must {rule}, got {value}")

@@ -1,5 +1,6 @@
 """generate.py: prompts, reply parsing, the multi-turn loop with real backends, resuming, and the command line."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -18,6 +19,7 @@ import generate
 from evaluate import STATUSES
 from generate import EXAMPLE_MODEL, EXAMPLE_SOLUTION, EXAMPLE_SUMMARY, fit_prompt, parse_reply, render_prompt, split_reasoning
 from test_evaluate import ctrl_c_while_torch_loads, start_for_ctrl_c
+from kevin import config_flags
 from kevin.backends import HFBackend, OpenAIBackend, Reply
 from kevin.static_rules import extract_code
 from kevin.tiny_model import build_tiny_model
@@ -436,6 +438,20 @@ def test_paper_defaults():
     args = generate.parse_args(["--out", "x.jsonl"])
     assert (args.n_trajectories, args.turns, args.temperature, args.max_tokens) == (16, 4, 0.9, 16384)
     assert args.model == "tiny" and args.backend == "hf" and args.device == "auto"  # evaluate.py's default
+
+
+def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
+    """The shared rollout fields too: their docstrings live in kevin/rollout_config.py. Lines as wide as a help
+    ever gets, so that argparse breaks none at a hyphen."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    help_text = " ".join(generate._parser().format_help().split())
+    docs = config_flags.field_docs(generate.GenerateConfig)
+    assert set(docs) == {f.name for f in dataclasses.fields(generate.GenerateConfig)}
+    for name, doc in docs.items():
+        assert f"--{name.replace('_', '-')}" in help_text and doc in help_text, name
+    args = generate.parse_args(["--out", "o", "--gpus", "0,2", "--turns", "8", "--device", "cpu"])
+    assert (args.out, args.gpus, args.turns, args.device) == ("o", [0, 2], 8, "cpu")
+    assert generate.parse_args(["--out", "o"]) == generate.GenerateConfig(out="o")
 
 
 def run_cli(*argv: str, timeout: int = 60, **kwargs) -> subprocess.CompletedProcess:

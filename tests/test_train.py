@@ -1,6 +1,8 @@
 """train.py: the GRPO loss by hand, masking and normalisation, one real optimizer step, the offline, online,
 two-process and resumed runs of the script itself, LoRA, and the colocated vLLM engine."""
 
+import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -18,6 +20,7 @@ from safetensors.torch import load_file
 from kevin import batching
 import train
 from kevin.backends import HFBackend
+from kevin.config_flags import add_config_flags, field_docs
 from kevin.tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -612,15 +615,32 @@ def test_beta_adds_a_kl_penalty_once_the_policy_has_moved(tmp_path, rollouts):
 def test_paper_defaults_and_the_gpu_sizes():
     args = train.parse_args([])
     assert (args.eps_low, args.eps_high, args.beta, args.lr, args.warmup_ratio) == (0.2, 0.28, 0.0, 2e-6, 0.03)
-    assert (args.max_grad_norm, args.updates_per_batch, args.temperature, args.gamma) == (0.05, 2, 0.9, 0.4)
-    assert (args.correct_weight, args.speedup_weight, args.return_mode, args.group_by) == (0.3, 1.0, "sum", "task")
+    assert (args.max_grad_norm, args.updates_per_batch, args.temperature, args.reward.gamma) == (0.05, 2, 0.9, 0.4)
+    assert (args.reward.correct_weight, args.reward.speedup_weight, args.reward.return_mode,
+            args.reward.group_by) == (0.3, 1.0, "sum", "task")
     # what later trainers add is off: the group baseline, every sample in the loss, no mismatch correction
-    assert (args.baseline, args.filter_zero_std, args.mask_truncated, args.is_correction) == ("group", False, False,
-                                                                                               "off")
+    assert (args.reward.baseline, args.filter_zero_std, args.mask_truncated, args.is_correction) == (
+        "group", False, False, "off")
     paper = train.PAPER_SIZES  # 8 tasks x 16 trajectories x 4 turns = 512 samples a step
     assert (paper["tasks_per_step"], paper["n_trajectories"], paper["turns"], paper["max_tokens"]) == (8, 16, 4, 16384)
     # The tiny model gets the demo's sizes wherever it runs (minutes, not the paper's hours).
     assert (args.tasks_per_step, args.n_trajectories, args.turns, args.steps) == (2, 2, 2, 3)
+
+
+def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
+    """The shared rollout fields too, with train.py's own docstring where it gives a field its own default."""
+    monkeypatch.setenv("COLUMNS", "1000")  # no help line broken at a hyphen
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, train.TrainConfig)
+    help_text = " ".join(parser.format_help().split())
+    docs = field_docs(train.TrainConfig)
+    assert set(docs) == {f.name for f in dataclasses.fields(train.TrainConfig)}
+    for name, doc in docs.items():
+        assert f"--{name.replace('_', '-')}" in help_text and doc in help_text, name
+    assert "(default: 16 / 2)" in docs["n_trajectories"] and "--gpu-memory-utilization" in help_text
+    args = train.parse_args(["--no-bf16", "--turns", "3", "--eval-device", "cpu", "--gpu-memory-utilization", "0.5"])
+    assert (args.bf16, args.turns, args.eval_device, args.gpu_memory_utilization) == (False, 3, "cpu", 0.5)
+    assert train.parse_args([]).gpu_memory_utilization == train.TrainConfig().gpu_memory_utilization == 0.3
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,0 +1,50 @@
+"""The rollout settings that generate.py and train.py share, declared once: each stage's config subclasses this one.
+
+A stage that needs another default for a shared setting declares the field again in its subclass with that
+default; without a docstring under it, the flag's help stays the one here (kevin/config_flags.py). The defaults
+here are the paper's (Kevin, arXiv 2507.11948).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from kevin.config_flags import check
+
+ROOT = Path(__file__).resolve().parent.parent
+AT_LEAST_1 = ("be at least 1", lambda value: value >= 1)
+NOT_NEGATIVE = ("not be negative", lambda value: value >= 0)
+
+
+@dataclass
+class RolloutConfig:
+    model: str = "tiny"
+    """HF id or local path of the model (in training, the policy); 'tiny' builds the local tiny model"""
+    tasks: str = str(ROOT / "tasks")
+    """a task file, a folder of tasks (e.g. a KernelBench level), or a split name of tasks/split.json"""
+    split: str | None = None
+    """keep only the tasks of this split of tasks/split.json"""
+    n_trajectories: int = 16
+    """parallel trajectories per task"""
+    turns: int = 4
+    """refinement turns per trajectory (paper: 4 train, 8 eval)"""
+    temperature: float = 0.9
+    """sampling temperature (in training, the loss's log-probs use it too)"""
+    max_tokens: int = 16384
+    """most tokens in one reply"""
+    context_budget: int = 16384
+    """most prompt tokens; previous attempts that do not fit are dropped earliest first"""
+    seed: int = 0
+    """seed of sampling (in training, also of task picking and initialisation)"""
+    rules: Literal["kevin", "kernelbench"] = "kevin"
+    """which rules judge the kernels, and so what the prompt allows: kevin (the paper's: no PyTorch ops or torch.nn
+    layers) or kernelbench (KernelBench's: PyTorch allowed for what is not replaced)"""
+    gpu_memory_utilization: float = 0.9
+    """vllm: share of GPU memory the engine takes (on a CPU build: of host memory; lower it there)"""
+
+    def __post_init__(self):
+        """A count of 0 would roll out nothing; a temperature of 0 is greedy, and replies are sampled."""
+        check(self, {"n_trajectories": AT_LEAST_1, "turns": AT_LEAST_1, "max_tokens": AT_LEAST_1,
+                     "context_budget": AT_LEAST_1,
+                     "temperature": ("be positive (replies are sampled; the paper's is 0.9)", lambda t: t > 0)})
