@@ -60,7 +60,7 @@ from tqdm import tqdm
 
 from evaluate import EvalConfig, evaluate, load_tasks as index_tasks, resolve_device
 from kevin.backends import HFBackend, OpenAIBackend, VLLMBackend, check_model, check_vllm
-from kevin.config_flags import add_config_flags, check, given_flags
+from kevin.config_flags import add_config_flags, check, parse_config
 from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
 from kevin.static_rules import FENCE, RULE_PROFILES, extract_code
 from kevin.tiny_model import build_tiny_model
@@ -461,10 +461,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> GenerateConfig:
     """The flags given, over GenerateConfig's defaults; a bad value is a one-line error."""
-    try:
-        return GenerateConfig(**given_flags(_parser().parse_args(argv), GenerateConfig))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    return parse_config(_parser(), GenerateConfig, argv)
 
 
 def kernel_device(args: GenerateConfig) -> str:

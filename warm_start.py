@@ -75,7 +75,7 @@ from evaluate import STATUSES, EvalConfig, evaluate, library_records
 from generate import load_tasks, parse_reply, render_prompt
 from kevin.backends import ChatTokens, HFBackend, token_progress
 from kevin.batching import Sample, collate, reply_logits, token_logprobs
-from kevin.config_flags import add_config_flags, given_flags
+from kevin.config_flags import add_config_flags, parse_config
 from kevin.tiny_model import build_tiny_model, random_qwen2
 
 REPO = Path(__file__).resolve().parent
@@ -296,10 +296,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> WarmStartConfig:
     """The flags given, over WarmStartConfig's defaults; a bad value is a one-line error."""
-    try:
-        return WarmStartConfig(**given_flags(_parser().parse_args(argv), WarmStartConfig))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    return parse_config(_parser(), WarmStartConfig, argv)
 
 
 # ---------------------------------------------------------------- the run

@@ -78,6 +78,15 @@ def given_flags(args: argparse.Namespace, cls) -> dict:
     return {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}
 
 
+def parse_config(parser: argparse.ArgumentParser, cls, argv=None):
+    """`cls` made of the flags given on the command line over its defaults; a bad value (the ValueError of its
+    checks) is a one-line `error: ...` exit."""
+    try:
+        return cls(**given_flags(parser.parse_args(argv), cls))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def check(config, rules: dict[str, tuple[str, object]]) -> None:
     """ValueError `--flag must RULE, got VALUE` for the first field that breaks its rule: name -> (the rule in
     words, a predicate). None is not checked: it stands for a default that the stage fills in later."""
