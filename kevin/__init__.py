@@ -8,5 +8,7 @@
 - generation: backends (transformers, vLLM, OpenAI-compatible servers);
 - training: batching (packing samples, their log-probs), logprob_kernels (the chunked output layer),
   vllm_sync (vLLM engines beside the policy and the push of its weights), tiny_model (the built-in model);
-- config_flags (flags from a dataclass) and dependencies (one-line errors for a missing package).
+- every stage's: config_flags (its flags from its config dataclass), rollout_config (the rollout settings
+  generate.py and train.py share), startup (a quiet Ctrl-C while it loads) and dependencies (one-line errors
+  for a missing package).
 """
