@@ -68,8 +68,9 @@ RUNNER_EXIT_S = 10.0
 # working memory at its peak): the judge's allocations stay within JUDGE_MEMORY of it (one draw, its own copy of
 # the reference's outputs and of the candidate's; beside them the shared block of one draw's inputs and outputs and
 # the 256 MB flush), and the candidate's process may allocate RUNNER_MEMORY of it plus RUNNER_SPARE bytes (beside
-# the shared block, which the judge made). A candidate is judged only once the GPU has that much free; the judge
-# waits up to ADMISSION_WAIT_S for processes that are exiting to give theirs back.
+# the shared block, which the judge made). A candidate is judged only once the GPU has the judge's share and one
+# footprint free (the spare is a ceiling, not a claim: a small task beside an engine that holds most of the GPU
+# still runs); the judge waits up to ADMISSION_WAIT_S for processes that are exiting to give theirs back.
 JUDGE_MEMORY, RUNNER_MEMORY, RUNNER_SPARE = 2, 1, 1 << 30
 ADMISSION_WAIT_S = 60.0
 
@@ -573,12 +574,12 @@ class Judge:
         footprint = self.memory["footprint"]
         limit = self.memory["candidate_limit"] = RUNNER_MEMORY * footprint + RUNNER_SPARE
         held = torch.cuda.memory_reserved(self.device)
-        need = max(0, JUDGE_MEMORY * footprint - held) + limit
+        need = max(0, JUDGE_MEMORY * footprint - held) + RUNNER_MEMORY * footprint  # the cap's spare is no claim
         total = torch.cuda.mem_get_info(self.device)[1]
         if held + need + self.arena.nbytes > total:
             raise NoRoom(f"the task needs about {(held + need + self.arena.nbytes) / 2**30:.1f} GiB of GPU memory "
-                         f"({JUDGE_MEMORY} + {RUNNER_MEMORY} times its footprint of {footprint / 2**30:.2f} GiB, the "
-                         f"shared block of {self.arena.nbytes / 2**30:.2f} GiB and 1 GiB) and {self.device} has "
+                         f"({JUDGE_MEMORY} + {RUNNER_MEMORY} times its footprint of {footprint / 2**30:.2f} GiB and "
+                         f"the shared block of {self.arena.nbytes / 2**30:.2f} GiB) and {self.device} has "
                          f"{total / 2**30:.1f} GiB")
         if not self.wait_for_memory(lambda free: free >= need):
             raise NoRoom(f"{self.device} had less than the {need / 2**30:.1f} GiB free that the task needs for "
