@@ -32,7 +32,6 @@ import json
 import math
 import os
 import random
-import resource
 import select
 import signal
 import time
@@ -40,7 +39,7 @@ import time
 import torch
 
 from kevin.run_child import (NEUTRAL_KERNEL, KernelLog, busy_ms, flatten_outputs, flush_buffer, identical, is_own_kernel,
-                             make_timer, span_ms, start_task)
+                             make_timer, peak_resident_bytes, span_ms, start_task)
 from kevin.tensor_exchange import Arena
 
 # An output whose error is this share of the reference's own magnitude (root mean square) or more is not the
@@ -90,10 +89,6 @@ def tensor_bytes(values: list) -> int:
 def resident_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_resident_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def make_inputs(task, device: torch.device, seed: int) -> list:

@@ -279,6 +279,11 @@ def steady_heap() -> None:
     libc.mallopt(-3, 2**30)  # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap, not their own mapping
 
 
+def peak_resident_bytes() -> int:
+    """This process's resident high-water mark (the judge's and the runner's memory on the CPU)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def flush_buffer(device: torch.device) -> torch.Tensor | None:
     """256 MB to write before each timed call, so that no call finds its inputs in L2 (None on the CPU)."""
     return torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=device) if device.type == "cuda" else None
@@ -470,8 +475,7 @@ class Runner:
         """The kernel log of every call (label -> its kernels, and where its GPU time began) and whether the timer's
         objects are still the ones it started with."""
         log = self.kernel_log.stop(self.labels) if self.kernel_log else {}
-        peak = torch.cuda.max_memory_reserved(self.device) if self.cuda else \
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = torch.cuda.max_memory_reserved(self.device) if self.cuda else peak_resident_bytes()
         return {**log, "tamper": self.tamper.broken() if self.tamper else None, "peak_memory": peak}
 
 
