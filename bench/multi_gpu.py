@@ -238,7 +238,9 @@ def failure(launch: Launch) -> str:
     """Why a launch failed, in one line, with the end of its log written out for a reader."""
     lines = (launch.out / "launch.log").read_text(errors="replace").strip().splitlines()
     first = next((i for i, line in enumerate(lines) if re.search(r"Traceback|(^|\]: )error: ", line)), len(lines))
-    tail = lines[first:first + 40] + ["..."] + lines[-10:]  # the first rank's traceback, then the launcher's end
+    # what came before the first traceback (a rank that aborts in C++ prints none of its own), the traceback,
+    # then the launcher's end
+    tail = lines[max(first - 15, 0):first + 40] + ["..."] + lines[-10:]
     print(f"\n--- {launch.tag} exited {launch.returncode}; last lines of {launch.out / 'launch.log'}:\n"
           + "\n".join(tail), file=sys.stderr)
     why = "stopped at --launch-timeout-s" if launch.seconds > launch.timeout_s else f"exit {launch.returncode}"

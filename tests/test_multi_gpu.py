@@ -22,7 +22,7 @@ def run_bench(tmp_path: Path, *args: str, timeout: int = 300) -> tuple[subproces
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "multi_gpu.py"), "--work-dir", str(tmp_path / "work"),
                            "--out", str(tmp_path / "report.json"), *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-8000:]
     return done, json.loads((tmp_path / "report.json").read_text())
 
 
