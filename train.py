@@ -62,12 +62,10 @@ import math
 import os
 import random
 import re
-import shutil
 import sys
 import time
 from collections import Counter
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
@@ -78,18 +76,21 @@ require("torch", "accelerate", "transformers", "tqdm")
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
+from accelerate.utils import gather_object, set_seed
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import reward
-from kevin.batching import Sample, collate, put_logprob_head, reply_logprobs
 from evaluate import EvalConfig
 from generate import Task, load_tasks, run_turn
+from kevin.batching import Sample, collate, put_logprob_head, reply_logprobs
 from kevin.backends import HFBackend, check_model, check_vllm
 from kevin.config_flags import add_config_flags, check, given_flags
 from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
 from kevin.tiny_model import build_tiny_model
+from kevin.training import (UpdateMemory, clear_previous_run, is_sharded, load_policy, make_accelerator,
+                            memory_line, parameter_checksum, policy_for_generation, previous_run,
+                            resume_checkpoint)
 from kevin.vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 
 REPO = Path(__file__).resolve().parent
@@ -304,25 +305,6 @@ def offline_steps(trajectories: list[dict], tasks_per_step: int) -> list[list[li
 
 
 # ---------------------------------------------------------------- generation with the policy
-@contextmanager
-def policy_for_generation(accelerator, model):
-    """The policy as a plain transformers model in eval mode (KV cache on, gradient checkpointing off).
-
-    Under FSDP 2 and ZeRO-3 the unwrapped model still gathers each layer's parameters in its forward
-    pass, so every rank must run as many passes as the others: generation then uses synced_gpus."""
-    model.eval()
-    try:
-        yield accelerator.unwrap_model(model)
-    finally:
-        model.train()
-
-
-def is_sharded(accelerator) -> bool:
-    """FSDP or ZeRO-3: parameters live in shards and every forward pass is a collective."""
-    plugin = accelerator.state.deepspeed_plugin
-    return accelerator.distributed_type == DistributedType.FSDP or (plugin is not None and plugin.zero_stage == 3)
-
-
 def push_policy(run, when: str) -> list[dict] | None:
     """The policy's weights into the vLLM engine (every rank takes part: gathers are collectives), then each
     rank's engine checked against the policy on a fixed prompt and one line printed; None with the hf backend."""
@@ -338,12 +320,7 @@ def push_policy(run, when: str) -> list[dict] | None:
     return checks
 
 
-# ---------------------------------------------------------------- checkpoints
-def previous_run(output_dir: Path, log_path: Path) -> list[Path]:
-    """What an earlier run left: its checkpoints, final model and metrics log."""
-    return [path for path in (output_dir / "checkpoints", output_dir / "final", log_path) if path.exists()]
-
-
+# ---------------------------------------------------------------- checks before anything loads
 def check_inputs(args: argparse.Namespace) -> None:
     """One-line errors before anything is loaded. A fresh run into the output of a previous one is refused:
     the old checkpoints would outlive the new metrics, and a later --resume would mix the two runs."""
@@ -361,38 +338,6 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise SystemExit("error: --base-url goes with --backend vllm-server, and it needs one")
     if args.base_url is not None:
         served_model(args.base_url)  # answers, before anything is loaded
-
-
-def clear_previous_run(output_dir: Path, log_path: Path) -> None:
-    """--overwrite: the previous run's checkpoints, final model and metrics log deleted."""
-    for path in previous_run(output_dir, log_path):
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-
-
-def logged_steps(log_path: Path) -> int:
-    """The last step in the metrics log (0 without one)."""
-    lines = log_path.read_text().splitlines() if log_path.exists() else []
-    return max((json.loads(line)["step"] for line in lines if line.strip()), default=0)
-
-
-def resume_checkpoint(output_dir: Path, log_path: Path) -> Path | None:
-    """The latest checkpoint that the metrics log reaches (any, without a log): where the two agree."""
-    found = sorted((output_dir / "checkpoints").glob("step_*"))
-    if log_path.exists():
-        logged = logged_steps(log_path)
-        found = [path for path in found if int(path.name.removeprefix("step_")) <= logged]
-    return found[-1] if found else None
-
-
-def parameter_checksum(model) -> float:
-    """Sum of squares of this rank's parameters, in float64: equal on every rank when DDP kept them in sync.
-    Taken 16M values at a time: a float64 copy of a whole 7B model's embedding would be 4.4 GB of GPU memory."""
-    with torch.no_grad():
-        return float(sum(part.double().square().sum() for p in model.parameters()
-                         for part in p.detach().flatten().split(2**24)))
 
 
 # ---------------------------------------------------------------- config
@@ -537,6 +482,7 @@ class Run:
     tasks: dict[str, Task] | None  # online: the tasks to pick from, by id
     output_dir: Path
     log_path: Path
+    first_words: Counter = field(default_factory=Counter)  # of every reply so far: the junk signal's reference
 
 
 def offline_plan(args: argparse.Namespace, world: int) -> tuple[list[list[list[dict]]], int]:
@@ -566,67 +512,6 @@ def online_tasks(args: argparse.Namespace, world: int) -> tuple[dict[str, Task],
         raise SystemExit(f"error: --tasks-per-step {args.tasks_per_step} but --tasks {args.tasks} has "
                          f"{len(tasks)} tasks")
     return tasks, args.tasks_per_step // world * args.n_trajectories * args.turns
-
-
-def make_accelerator(args: argparse.Namespace, accumulation: int, on_gpu: bool) -> Accelerator:
-    """The Accelerator for the launch config (DDP, FSDP 2, ZeRO-3), refusing what the loop does not support."""
-    # Micro-batches per update come from --micro-batch-size, not from the launch config (DeepSpeed reads these).
-    os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(accumulation)
-    os.environ["ACCELERATE_GRADIENT_CLIPPING"] = str(args.max_grad_norm)
-    output_dir = Path(args.output_dir)
-    accelerator = Accelerator(cpu=not on_gpu, mixed_precision="bf16" if args.bf16 else "no",
-                              gradient_accumulation_steps=accumulation,
-                              log_with=None if args.report_to == "none" else args.report_to,
-                              project_config=ProjectConfiguration(project_dir=str(output_dir),
-                                                                  logging_dir=str(output_dir / "logs")))
-    if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
-        raise SystemExit("error: FSDP 1 is not supported: set fsdp_version: 2 (configs/fsdp.yaml)")
-    if args.beta > 0 and is_sharded(accelerator):
-        raise SystemExit("error: --beta > 0 needs a full reference model on every rank: use DDP, not FSDP or ZeRO-3")
-    return accelerator
-
-
-def offloads_optimizer(accelerator: Accelerator) -> bool:
-    """DeepSpeed ZeRO with the optimizer state in CPU memory (configs/deepspeed_zero3.yaml)."""
-    plugin = accelerator.state.deepspeed_plugin
-    zero = plugin.deepspeed_config.get("zero_optimization", {}) if plugin is not None else {}
-    return zero.get("offload_optimizer", {}).get("device") == "cpu"
-
-
-def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: str):
-    """(model, optimizer), prepared by accelerate: the whole model or its LoRA adapters, in training mode.
-
-    fp32 weights under bf16 autocast, but under ZeRO-3 with bf16: there the weights are bf16 and the fp32 master
-    copy is the optimizer's (in CPU memory with offload), and the model is loaded into its shards (zero.Init,
-    on by zero3_init_flag) in bf16, so no fp32 copy of it is ever made on the host. Unsharded, it is loaded
-    straight onto this rank's device (LoRA adapters are then made there): a model loaded on the host and moved a
-    tensor at a time took a 7B model's host memory to 43 GiB, and 0.14 GiB more of the GPU's (the allocator's
-    rounding of the copies) than the same weights loaded in place."""
-    plugin = accelerator.state.deepspeed_plugin
-    zero3_bf16 = plugin is not None and plugin.zero_stage == 3 and args.bf16
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if zero3_bf16 else torch.float32,
-                                                 device_map=None if is_sharded(accelerator) else accelerator.device)
-    model = put_logprob_head(model, args.logprob_chunk)
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if args.lora_rank:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
-    # AdamW's state is made at the first optimizer step, not here: nothing but the weights is resident before.
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    if offloads_optimizer(accelerator):  # ZeRO-Offload takes DeepSpeed's own CPU Adam (built at first use) only
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        optimizer = DeepSpeedCPUAdam(trainable, lr=args.lr, weight_decay=args.weight_decay, adamw_mode=True)
-    else:  # fused: the default (foreach) step makes a temporary the size of the weights, 1.8 GiB of a 0.5B model
-        optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=args.weight_decay, fused=True)
-    if accelerator.state.deepspeed_plugin is not None:  # no dataloader to read the micro-batch size from
-        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = args.micro_batch_size
-    model, optimizer = accelerator.prepare(model, optimizer)
-    model.train()
-    return model, optimizer
 
 
 def setup(args: argparse.Namespace) -> Run:
@@ -663,7 +548,8 @@ def setup(args: argparse.Namespace) -> Run:
     elif args.backend == "vllm-server":
         backend = ServedEngine(args.base_url, tokenizer, args.temperature, args.max_tokens, dtype,
                                Path(args.output_dir) / "weights", accelerator.is_main_process)
-    eval_config = EvalConfig(device=args.eval_device, gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
+    eval_config = EvalConfig(device=args.eval_device,
+                             gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
                              compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False,
                              rules=args.rules)
     return Run(accelerator, model, optimizer, tokenizer,
@@ -672,10 +558,10 @@ def setup(args: argparse.Namespace) -> Run:
                Path(args.output_dir), Path(args.log))
 
 
-def resume(args: argparse.Namespace, run: Run) -> tuple[int, Counter]:
-    """(steps done, first words seen) from the last checkpoint with --resume, else (0, nothing); the metrics
-    log keeps the lines of the steps done only."""
-    start, first_words = 0, Counter()
+def resume(args: argparse.Namespace, run: Run) -> int:
+    """The steps done (and run.first_words) from the last checkpoint with --resume, else 0; the metrics log keeps
+    the lines of the steps done only."""
+    start = 0
     if args.overwrite and run.accelerator.is_main_process:
         clear_previous_run(run.output_dir, run.log_path)
     run.accelerator.wait_for_everyone()
@@ -686,7 +572,7 @@ def resume(args: argparse.Namespace, run: Run) -> tuple[int, Counter]:
                              "reaches)")
         run.accelerator.load_state(str(checkpoint))
         saved = json.loads((checkpoint / "trainer_state.json").read_text())
-        start, first_words = saved["step"], Counter(saved["first_words"])
+        start, run.first_words = saved["step"], Counter(saved["first_words"])
         run.accelerator.print(f"resumed from {checkpoint} after step {start}")
     push_policy(run, "at the start")  # a server may hold other weights; a resumed policy is not the model loaded
     if run.accelerator.is_main_process:
@@ -694,7 +580,7 @@ def resume(args: argparse.Namespace, run: Run) -> tuple[int, Counter]:
         kept = [line for line in run.log_path.read_text().splitlines() if json.loads(line)["step"] <= start] \
             if args.resume and run.log_path.exists() else []
         run.log_path.write_text("".join(line + "\n" for line in kept))
-    return start, first_words
+    return start
 
 
 # ---------------------------------------------------------------- one step
@@ -729,31 +615,42 @@ def roll_out(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
 
 LOSS_TOTALS = ("loss", "tokens", "clipped", "entropy", "kl")  # summed over every update's micro-batches
 MISMATCH_TOTALS = ("sampled", "logprob_diff", "mismatch_kl", "over_cap")  # the first update's: the sampling policy
-STEP_TOTALS = (*LOSS_TOTALS, *MISMATCH_TOTALS, "dropped")  # what update() returns, in this order
+STEP_TOTALS = (*LOSS_TOTALS, *MISMATCH_TOTALS, "dropped")  # what update() sums, in this order
 
 
-def update(args: argparse.Namespace, run: Run, step: int,
-           rollouts: Rollouts) -> tuple[torch.Tensor, list[float], float, dict[str, float]]:
-    """--updates-per-batch gradient steps on the rollouts: (this rank's STEP_TOTALS; the gradient norm of each
-    step; the last learning rate; what this rank's GPU memory held)."""
-    accelerator, model = run.accelerator, run.model
-    on_gpu = accelerator.device.type == "cuda"
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats()
-        before, gradients = torch.cuda.memory_allocated() / 2**30, 0.0
-    trajectories, kept = rollouts.trajectories, rollouts.samples
-    totals = torch.zeros(len(STEP_TOTALS), device=accelerator.device)
+@dataclass
+class Update:
+    """What one step's gradient steps did on this rank."""
+    totals: torch.Tensor  # STEP_TOTALS
+    grad_norms: list[float]  # one per gradient step
+    lr: float  # the last gradient step's
+    memory: dict[str, float]  # the GPU's, by kind (kevin/training.py: UpdateMemory); empty on the CPU
+
+
+def samples_to_train_on(args: argparse.Namespace, rollouts: Rollouts) -> tuple[list[Sample], int, int]:
+    """(this rank's turn-samples, those of the whole step that count in the loss's normaliser, the samples this
+    rank dropped): --filter-zero-std drops groups without advantage, --mask-truncated keeps truncated replies in
+    the normaliser but out of the loss."""
+    trajectories, counted, dropped = rollouts.trajectories, rollouts.samples, 0
     if args.filter_zero_std:
         trajectories = reward.drop_zero_advantage_groups(trajectories, args.reward.group_by)
         dropped = sum(len(r["turns"]) for r in rollouts.trajectories) - sum(len(r["turns"]) for r in trajectories)
-        totals[-1] = dropped
-        kept -= sum(gather_object([dropped]))
-    if args.mask_truncated:  # masked, not dropped: they still count in the normaliser
+        counted -= sum(gather_object([dropped]))
+    if args.mask_truncated:
         trajectories = drop_truncated(trajectories, args.max_tokens)
-    samples = turn_samples(trajectories)
+    return turn_samples(trajectories), counted, dropped
+
+
+def update(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts) -> Update:
+    """--updates-per-batch gradient steps on the rollouts."""
+    accelerator, model = run.accelerator, run.model
+    memory = UpdateMemory(accelerator.device)
+    samples, counted, dropped = samples_to_train_on(args, rollouts)
     # DDP averages over ranks: the global sum / (max tokens x samples)
-    constant = args.max_tokens * max(kept, 1) / accelerator.num_processes
+    constant = args.max_tokens * max(counted, 1) / accelerator.num_processes
     chunks = micro_batches(samples, args.micro_batch_size, run.accumulation)
+    totals = torch.zeros(len(STEP_TOTALS), device=accelerator.device)
+    totals[-1] = dropped
     losses, mismatch = slice(0, len(LOSS_TOTALS)), slice(len(LOSS_TOTALS), len(STEP_TOTALS) - 1)
     grad_norms = []
     for update_index in range(args.updates_per_batch):
@@ -776,30 +673,10 @@ def update(args: argparse.Namespace, run: Run, step: int,
                     norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP 2: a DTensor
                     grad_norms.append(float(norm) if norm is not None else float("nan"))
-                    if on_gpu:
-                        gradients = gpu_gib(p.grad for p in model.parameters())
+                    memory.gradients_done(model)
                 run.optimizer.step()
                 run.optimizer.zero_grad()
-    memory = {}
-    if on_gpu:
-        weights = gpu_gib(model.parameters())
-        optimizer = gpu_gib(t for state in run.optimizer.state.values() for t in state.values())
-        peak = torch.cuda.max_memory_allocated() / 2**30
-        memory = {"memory/before_update_gib": before, "memory/peak_gib": peak, "memory/weights_gib": weights,
-                  "memory/gradients_gib": gradients, "memory/optimizer_gib": optimizer,
-                  "memory/activations_gib": peak - weights - gradients - optimizer}
-    return totals, grad_norms, lr, memory
-
-
-def gpu_gib(tensors) -> float:
-    """GiB of GPU memory that these tensors hold, each storage once (tied weights); None and non-tensors are
-    skipped, and a ZeRO-3 parameter counts as its partition (ds_tensor)."""
-    storages = {}
-    for tensor in tensors:
-        for held in (tensor, getattr(tensor, "ds_tensor", None)):
-            if isinstance(held, torch.Tensor) and held.is_cuda:
-                storages[held.untyped_storage().data_ptr()] = held.untyped_storage().nbytes()
-    return sum(storages.values()) / 2**30
+    return Update(totals, grad_norms, lr, memory.report(model, run.optimizer))
 
 
 def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], constant: float):
@@ -821,46 +698,55 @@ def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], co
     return loss, torch.stack([stats[name] for name in STEP_TOTALS[:-1]]).float()
 
 
-def log_step(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts, totals: torch.Tensor,
-             grad_norms: list[float], lr: float, seconds: dict[str, float], memory: dict[str, float],
-             first_words: Counter, sync: list[dict] | None) -> dict:
+@dataclass
+class Step:
+    """One step done: what log_step reports."""
+    index: int  # from 0
+    rollouts: Rollouts
+    update: Update
+    seconds: dict[str, float]  # rolling out, updating
+    sync: list[dict] | None  # with vLLM: each rank's engine checked against the policy after the push
+
+
+def log_step(args: argparse.Namespace, run: Run, step: Step) -> dict:
     """The step's metrics over all ranks, sent to the trackers and appended to the metrics log (GPU memory:
-    the main process's; with vLLM: each rank's engine checked against the policy after the push)."""
+    the main process's)."""
     accelerator, world = run.accelerator, run.accelerator.num_processes
-    rows = gather_object(rollout_rows(rollouts.trajectories))
+    rows = gather_object(rollout_rows(step.rollouts.trajectories))
     checksums = gather_object([parameter_checksum(run.model)])
     placement = gather_object([{"device": str(accelerator.device), "eval_gpus": run.eval_config.gpus}])
-    totals = dict(zip(STEP_TOTALS, accelerator.reduce(totals, "sum").tolist()))
-    first_words.update(r["first_word"] for r in rows)
-    usual = first_words.most_common(1)[0][0]
-    tokens = max(totals["tokens"], 1.0)
+    totals = dict(zip(STEP_TOTALS, accelerator.reduce(step.update.totals, "sum").tolist()))
+    run.first_words.update(r["first_word"] for r in rows)
+    usual = run.first_words.most_common(1)[0][0]
+    tokens, grad_norms = max(totals["tokens"], 1.0), step.update.grad_norms
     metrics = {**rollout_metrics(rows, usual, args.max_tokens),
                "train/loss": totals["loss"] / (world * args.updates_per_batch),
                "train/clip_ratio": totals["clipped"] / tokens, "train/entropy": totals["entropy"] / tokens,
                "train/kl": totals["kl"] / tokens, "train/grad_norm": sum(grad_norms) / len(grad_norms),
-               "train/zero_std_dropped": totals["dropped"] / rollouts.samples,
-               "train/lr": lr, "time/rollout_s": seconds["rollout"], "time/update_s": seconds["update"], **memory}
+               "train/zero_std_dropped": totals["dropped"] / step.rollouts.samples,
+               "train/lr": step.update.lr, "time/rollout_s": step.seconds["rollout"],
+               "time/update_s": step.seconds["update"], **step.update.memory}
     if totals["sampled"]:  # sampler against trainer before the update, over the tokens with sampling log-probs
         metrics.update({"mismatch/abs_logprob_diff": totals["logprob_diff"] / totals["sampled"],
                         "mismatch/kl": totals["mismatch_kl"] / totals["sampled"],
                         "mismatch/over_cap": totals["over_cap"] / totals["sampled"]})
-    accelerator.log(metrics, step=step + 1)
+    accelerator.log(metrics, step=step.index + 1)
     if accelerator.is_main_process:
         with run.log_path.open("a") as f:
-            f.write(json.dumps({"step": step + 1, "tasks": rollouts.tasks, "samples": rollouts.samples,
+            f.write(json.dumps({"step": step.index + 1, "tasks": step.rollouts.tasks, "samples": step.rollouts.samples,
                                 "usual_first_word": usual, **metrics, "checksum_per_rank": checksums,
                                 "placement_per_rank": placement,
-                                **({"sync_per_rank": sync} if sync else {})}) + "\n")
+                                **({"sync_per_rank": step.sync} if step.sync else {})}) + "\n")
     return metrics
 
 
-def save_checkpoint(run: Run, steps_done: int, first_words: Counter) -> None:
+def save_checkpoint(run: Run, steps_done: int) -> None:
     """accelerate's state, with the step count and the first words seen: what --resume reads back."""
     checkpoint = run.output_dir / "checkpoints" / f"step_{steps_done:06d}"
     run.accelerator.save_state(str(checkpoint))
     if run.accelerator.is_main_process:
         (checkpoint / "trainer_state.json").write_text(
-            json.dumps({"step": steps_done, "first_words": dict(first_words)}))
+            json.dumps({"step": steps_done, "first_words": dict(run.first_words)}))
 
 
 def save_final(run: Run) -> None:
@@ -878,39 +764,31 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     check_inputs(args)
     run = setup(args)
-    start, first_words = resume(args, run)
+    start = resume(args, run)
     run.accelerator.init_trackers("kevin-grpo", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
                                                          for k, v in vars(args).items()})
     history = []
     bar = tqdm(range(start, run.steps), initial=start, total=run.steps, desc="train", unit="step",
                disable=not run.accelerator.is_main_process, file=sys.stderr)
-    for step in bar:
+    for index in bar:
         started = time.perf_counter()
-        rollouts = roll_out(args, run, step)
+        rollouts = roll_out(args, run, index)
         rolled_out = time.perf_counter()
-        totals, grad_norms, lr, memory = update(args, run, step, rollouts)
+        done = update(args, run, index, rollouts)
         seconds = {"rollout": rolled_out - started, "update": time.perf_counter() - rolled_out}
-        sync = push_policy(run, f"after step {step + 1}")
-        metrics = log_step(args, run, step, rollouts, totals, grad_norms, lr, seconds, memory, first_words, sync)
-        if memory and step == start:
-            run.accelerator.print(memory_line(memory))
-        history.append({"step": step + 1, **metrics})
+        metrics = log_step(args, run, Step(index, rollouts, done, seconds, push_policy(run, f"after step {index + 1}")))
+        if done.memory and index == start:
+            run.accelerator.print(memory_line(done.memory))
+        history.append({"step": index + 1, **metrics})
         bar.set_postfix(score=f"{metrics['reward/score']:.3f}", correct=f"{metrics['reward/correct']:.0%}")
-        if (step + 1) % args.save_every == 0 or step + 1 == run.steps:
-            save_checkpoint(run, step + 1, first_words)
+        if (index + 1) % args.save_every == 0 or index + 1 == run.steps:
+            save_checkpoint(run, index + 1)
     bar.close()
     save_final(run)
+    run.accelerator.wait_for_everyone()  # no rank tears down gloo/NCCL while another still saves
     run.accelerator.end_training()
     run.accelerator.print(summary_table(history))
     run.accelerator.print(f"metrics: {run.log_path}   model: {run.output_dir / 'final'}")
-
-
-def memory_line(memory: dict[str, float]) -> str:
-    """What the first step's update held on the GPU: nothing but the weights is resident before it."""
-    return (f"memory of the first update (GiB, this GPU): {memory['memory/before_update_gib']:.2f} before it; "
-            f"peak {memory['memory/peak_gib']:.2f} = weights {memory['memory/weights_gib']:.2f} + gradients "
-            f"{memory['memory/gradients_gib']:.2f} + optimizer {memory['memory/optimizer_gib']:.2f} + activations "
-            f"and logits {memory['memory/activations_gib']:.2f}")
 
 
 def summary_table(history: list[dict]) -> str:

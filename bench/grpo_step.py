@@ -194,10 +194,11 @@ def run_project(spec: dict, batch: dict, work: Path) -> dict:
         work_done.begin()
         windows.append(train.update(args, run, 1, rollouts))
         work_done.end()
-    (totals, grad_norms, _, memory), peaks = windows[0], [memory.get("memory/peak_gib") for *_, memory in windows]
+    first, peaks = windows[0], [update.memory.get("memory/peak_gib") for update in windows]
     return {**work_done.counts(), "peak_gib": None if None in peaks else max(peaks),
-            "loss": totals[0].item() / args.updates_per_batch, "grad_norms": grad_norms,
-            "memory_gib": {k.removeprefix("memory/").removesuffix("_gib"): round(v, 3) for k, v in memory.items()}}
+            "loss": first.totals[0].item() / args.updates_per_batch, "grad_norms": first.grad_norms,
+            "memory_gib": {k.removeprefix("memory/").removesuffix("_gib"): round(v, 3)
+                           for k, v in first.memory.items()}}
 
 
 def run_trl(spec: dict, batch: dict, work: Path) -> dict:

@@ -6,7 +6,8 @@
   isolation and sandbox (children that can crash, hang or misbehave), eval_children (their settings and
   output), eval_records (the JSONL in and out);
 - generation: backends (transformers, vLLM, OpenAI-compatible servers);
-- training: batching (packing samples, their log-probs), logprob_kernels (the chunked output layer),
+- training: training (the accelerator, the policy and its optimizer, an earlier run's output, GPU memory of an
+  update), batching (packing samples, their log-probs), logprob_kernels (the chunked output layer),
   vllm_sync (vLLM engines beside the policy and the push of its weights), tiny_model (the built-in model);
 - every stage's: config_flags (its flags from its config dataclass), rollout_config (the rollout settings
   generate.py and train.py share), startup (a quiet Ctrl-C while it loads) and dependencies (one-line errors
