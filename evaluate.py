@@ -195,7 +195,7 @@ class EvalConfig:
 # ----------------------------------------------------------------------------------------------------
 # Tasks
 
-def load_tasks(path: str | Path) -> dict[str, Path]:
+def index_tasks(path: str | Path) -> dict[str, Path]:
     """Task id -> file for a task file, a folder of them, or a KernelBench level folder, unchanged.
 
     Ids are `<parent folder>/<file stem>` (e.g. `level1/19_ReLU`), stable wherever the folder lives."""
@@ -419,7 +419,7 @@ class _Evaluation:
         self.cfg, self.on_result = cfg, on_result
         self.kind, self.devices = resolve_device(cfg)
         self.mechanisms = sandbox_mechanisms(cfg.sandbox)
-        self.index = load_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
+        self.index = index_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
         self.build_root = str(Path(cfg.build_dir).resolve())
         Path(self.build_root).mkdir(parents=True, exist_ok=True)
         self.results: list[dict | None] = [None] * count
@@ -700,7 +700,7 @@ def _input_records(source: str | None, cfg: EvalConfig) -> tuple[str, list[dict]
         records = library_records(ROOT / "solutions" / kind)
     else:
         records = read_records(source)
-    index = load_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
+    index = index_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
     for number, record in enumerate(records, 1):
         try:
             resolve_task(str(record["task"]), index)

@@ -58,7 +58,7 @@ require("tqdm", "torch")
 
 from tqdm import tqdm
 
-from evaluate import EvalConfig, evaluate, load_tasks as index_tasks, resolve_device
+from evaluate import EvalConfig, evaluate, index_tasks, resolve_device
 from kevin.backends import HFBackend, OpenAIBackend, VLLMBackend, check_model, check_vllm
 from kevin.config_flags import add_config_flags, check, parse_config
 from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
@@ -69,7 +69,7 @@ REPO = Path(__file__).resolve().parent
 SPLITS = REPO / "tasks" / "split.json"
 
 # ---------------------------------------------------------------- prompt templates
-RULES = {
+INSTRUCTIONS = {  # the prompt's opening, by the kind of kernel asked for
     "cuda": """\
 You write custom CUDA kernels that replace the PyTorch operators of a given architecture to make it faster.
 
@@ -241,7 +241,7 @@ def render_prompt(source: str, attempts: list[dict], first_turn: bool, device: s
     """The user message of one turn; `attempts` are earlier turn records (code, summary, eval); `rules`, the rule
     profile that judges (evaluate.py's --rules)."""
     kind = "cpu" if device == "cpu" else "cuda"
-    parts = [RULES[kind].format(torch_rule=RULE_PROFILES[rules].prompt_line, parameters_rule=PARAMETERS_RULE)]
+    parts = [INSTRUCTIONS[kind].format(torch_rule=RULE_PROFILES[rules].prompt_line, parameters_rule=PARAMETERS_RULE)]
     if first_turn:
         parts.append(EXAMPLE.format(model=EXAMPLE_MODEL, solution=EXAMPLE_SOLUTION[kind], summary=EXAMPLE_SUMMARY))
     parts.append(TASK.format(source=source if source.endswith("\n") else source + "\n"))

@@ -592,7 +592,7 @@ class Rollouts:
     tasks: list[str]  # the step's task ids
 
 
-def roll_out(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
+def step_rollouts(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
     """This rank's share of the step: its tasks rolled out with the policy and rewarded, or its part of the file."""
     world, rank = run.accelerator.num_processes, run.accelerator.process_index
     if run.plan is not None:
@@ -772,7 +772,7 @@ def main(argv=None) -> None:
                disable=not run.accelerator.is_main_process, file=sys.stderr)
     for index in bar:
         started = time.perf_counter()
-        rollouts = roll_out(args, run, index)
+        rollouts = step_rollouts(args, run, index)
         rolled_out = time.perf_counter()
         done = update(args, run, index, rollouts)
         seconds = {"rollout": rolled_out - started, "update": time.perf_counter() - rolled_out}

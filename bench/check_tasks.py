@@ -51,7 +51,7 @@ def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) 
 def check_tasks(folder: str, device: str) -> int:
     """Print a table of every task's flags on stdout, so `> file.md` keeps it (progress goes to stderr); the
     number of flagged tasks."""
-    tasks = ev.load_tasks(folder)
+    tasks = ev.index_tasks(folder)
     flagged = 0
     lines = ["| task | flags |", "|---|---|"]
     for task_id, path in tqdm(tasks.items(), desc="checking tasks", file=sys.stderr):

@@ -185,7 +185,7 @@ def run_part(part: str, records: list[dict], kind: str, tasks_dir: str) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         if part == "baseline":
             device = "cpu" if kind == "cpu" else "cuda:0"
-            return run_baseline(records, ev.load_tasks(tasks_dir), device, Path(workdir), cores)
+            return run_baseline(records, ev.index_tasks(tasks_dir), device, Path(workdir), cores)
         return run_evaluator(records, ev.EvalConfig(device=kind, tasks=tasks_dir, build_dir=workdir,
                                                     compile_workers=cores))
 

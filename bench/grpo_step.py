@@ -188,8 +188,8 @@ def run_project(spec: dict, batch: dict, work: Path) -> dict:
                              *(["--lora-rank", str(LORA_RANK)] if spec["mode"] == "lora" else [])])
     run = train.setup(args)
     work_done = Work(run.accelerator.unwrap_model(run.model), spec["profile"])
-    train.update(args, run, 0, train.roll_out(args, run, 0))
-    rollouts, windows = train.roll_out(args, run, 1), []
+    train.update(args, run, 0, train.step_rollouts(args, run, 0))
+    rollouts, windows = train.step_rollouts(args, run, 1), []
     for _ in range(spec["repeats"]):
         work_done.begin()
         windows.append(train.update(args, run, 1, rollouts))

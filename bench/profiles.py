@@ -57,7 +57,7 @@ def main():
     tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
     records = with_tasks_from([{**r, "solution": f"{folder}/{r['solution']}"} for folder in folders
                                for r in ev.library_records(ev.ROOT / folder)],
-                              ev.load_tasks(tasks), ev.ROOT / "tests" / "adversarial" / "tasks")
+                              ev.index_tasks(tasks), ev.ROOT / "tests" / "adversarial" / "tasks")
     results = {rules: ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks, rules=rules,
                                                          timing_budget_s=args.timing_budget_s,
                                                          run_timeout_s=args.run_timeout_s)) for rules in PROFILES}

@@ -32,7 +32,7 @@ def test_the_task_check_flags_a_degenerate_task_and_passes_real_ones(tmp_path):
     (tmp_path / "softmax_of_one.py").write_text(DEGENERATE_TASK)
     assert ct.check_task(tmp_path / "softmax_of_one.py", "cpu") == [
         "nearly constant output", "output does not depend on the inputs", "output does not depend on the parameters"]
-    for path in ct.ev.load_tasks(ROOT / "tests" / "tasks").values():
+    for path in ct.ev.index_tasks(ROOT / "tests" / "tasks").values():
         assert ct.check_task(path, "cpu") == []
 
 

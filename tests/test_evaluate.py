@@ -121,7 +121,7 @@ def test_a_syntax_error_is_a_compile_error_and_a_missing_modelnew_a_format_error
 # -------------------------------------------------------------------------------------------------- tasks
 
 def test_task_ids_are_folder_and_stem():
-    tasks = ev.load_tasks(ROOT / "tasks")
+    tasks = ev.index_tasks(ROOT / "tasks")
     assert "level1/7_ReLU" in tasks and tasks["level1/7_ReLU"].name == "7_ReLU.py"
     assert len(tasks) >= 40
 
@@ -131,13 +131,13 @@ def test_a_kernelbench_style_level_folder_loads_unchanged(tmp_path):
     level.mkdir(parents=True)
     (level / "19_ReLU.py").write_text((ROOT / "tasks/level1/7_ReLU.py").read_text())
     (level / "notes.py").write_text("x = 1\n")  # not a task: no Model / get_inputs
-    assert list(ev.load_tasks(level)) == ["level1/19_ReLU"]
-    assert list(ev.load_tasks(level / "19_ReLU.py")) == ["level1/19_ReLU"]
+    assert list(ev.index_tasks(level)) == ["level1/19_ReLU"]
+    assert list(ev.index_tasks(level / "19_ReLU.py")) == ["level1/19_ReLU"]
 
 
 def test_an_unknown_task_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown task 'level9/nope'"):
-        ev.resolve_task("level9/nope", ev.load_tasks(ROOT / "tasks"))
+        ev.resolve_task("level9/nope", ev.index_tasks(ROOT / "tasks"))
 
 
 # ------------------------------------------------------------------------------------- speedup and CLI
@@ -332,7 +332,7 @@ def test_the_cpu_demo_gives_its_hanging_candidate_a_short_run_timeout():
 @pytest.fixture(scope="module")
 def cpu_adversarial_results():
     records = with_tasks_from(ev.library_records(ROOT / "tests" / "adversarial" / "cpu"),
-                              ev.load_tasks(ROOT / "tests" / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
+                              ev.index_tasks(ROOT / "tests" / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
     return records, ev.evaluate(records, ev.EvalConfig(**CPU))
 
 
@@ -630,7 +630,7 @@ def cuda_adversarial_results():
     """The CUDA tricks and their honest twins; a task that tasks/ lacks (a transpose, whose whole work a copy
     can do) is in tests/adversarial/tasks/."""
     records = with_tasks_from(ev.library_records(ROOT / "tests" / "adversarial" / "cuda"),
-                              ev.load_tasks(ROOT / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
+                              ev.index_tasks(ROOT / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
     return kept("adversarial_cuda", records,
                 ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=60, progress=False)))
 
