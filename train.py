@@ -755,6 +755,8 @@ def save_final(run: Run) -> None:
     if run.accelerator.is_main_process:
         run.accelerator.unwrap_model(run.model).save_pretrained(run.output_dir / "final", state_dict=state_dict)
         run.tokenizer.save_pretrained(run.output_dir / "final")
+    # no rank tears the process group down (a vLLM engine's close, end_training) while another still saves
+    run.accelerator.wait_for_everyone()
     if run.backend is not None:
         run.backend.close()
 
@@ -785,7 +787,6 @@ def main(argv=None) -> None:
             save_checkpoint(run, index + 1)
     bar.close()
     save_final(run)
-    run.accelerator.wait_for_everyone()  # no rank tears down gloo/NCCL while another still saves
     run.accelerator.end_training()
     run.accelerator.print(summary_table(history))
     run.accelerator.print(f"metrics: {run.log_path}   model: {run.output_dir / 'final'}")

@@ -127,8 +127,9 @@ class ColocatedEngine(VLLMBackend):
         self.sleeps = torch.cuda.is_available()
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         launcher = {"distributed_executor_backend": "external_launcher"} if world > 1 else {}
-        super().__init__(model_path, temperature, max_tokens, 1, memory_utilization, seed,
-                         dtype=dtype, enable_sleep_mode=self.sleeps, worker_extension_cls="vllm_sync.WorkerWeights", **launcher)
+        super().__init__(model_path, temperature, max_tokens, 1, memory_utilization, seed, dtype=dtype,
+                         enable_sleep_mode=self.sleeps, worker_extension_cls="kevin.vllm_sync.WorkerWeights",
+                         **launcher)
         self.asleep = False
 
     def generate(self, prompts, seeds):
@@ -240,7 +241,8 @@ def sync_error(engine, policy, tokenizer) -> dict:
     ids, engine_logprobs = engine.greedy(prompt, SYNC_TOKENS)
     device = next(policy.parameters()).device
     with torch.no_grad():
-        logits = policy(input_ids=torch.tensor([prompt + ids], device=device), use_cache=False).logits[0, len(prompt) - 1:-1]
+        logits = policy(input_ids=torch.tensor([prompt + ids], device=device),
+                        use_cache=False).logits[0, len(prompt) - 1:-1]
     policy_logprobs = token_logprobs(logits.float(), torch.tensor(ids, device=device), 1.0)
     return {"greedy_match": logits.argmax(-1).tolist() == ids,
             "max_logprob_diff": float((policy_logprobs.cpu() - torch.tensor(engine_logprobs)).abs().max())}

@@ -308,7 +308,7 @@ def test_two_ranks_generate_with_their_own_engines_and_match_the_policy_after_ev
 @needs_vllm
 def test_two_ranks_generate_through_a_vllm_server_that_takes_the_pushed_weights(tmp_path):
     extension = ["--dtype", "float32", "--logprobs-mode", "processed_logprobs",
-                 "--worker-extension-cls", "vllm_sync.WorkerWeights"]
+                 "--worker-extension-cls", "kevin.vllm_sync.WorkerWeights"]
     env = {**VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": importable(ROOT)}
     with vllm_server(tmp_path / "serve.log", *extension, env=env) as (base_url, _):
         done = launch_train("--backend", "vllm-server", "--base-url", base_url, *MOVING,
