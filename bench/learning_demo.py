@@ -236,7 +236,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         sys.path.insert(0, str(REPO))
         import evaluate
 
-        args.tasks_per_step = len(evaluate.load_tasks(args.tasks))
+        args.tasks_per_step = len(evaluate.index_tasks(args.tasks))
     args.parallel = args.parallel or (2 * args.seeds if args.device == "cuda" else 1)
     for flag in ("seeds", "steps", "n_trajectories", "turns", "tasks_per_step", "window", "parallel", "ws_epochs"):
         if getattr(args, flag) < 1:

@@ -57,7 +57,7 @@ def main():
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: needs a CUDA GPU")
-    index = ev.load_tasks(ev.ROOT / "tasks")
+    index = ev.index_tasks(ev.ROOT / "tasks")
     rows = []
     names = ["idle", "queued", "timer", "idle+prof", "timer+prof"]
     print("| task | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))

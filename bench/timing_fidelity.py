@@ -109,7 +109,7 @@ def main():
 
     kind, gpus = ev.resolve_device(ev.EvalConfig(device=args.device))
     task_folder = str(ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
-    tasks, threads = ev.load_tasks(task_folder), args.threads or ev.EvalConfig().cpu_threads
+    tasks, threads = ev.index_tasks(task_folder), args.threads or ev.EvalConfig().cpu_threads
     folders = [ROOT / "solutions" / kind] + [Path(f) for f in (args.extra if args.extra is not None
                                                                  else [ROOT / "tests" / "adversarial" / kind])]
     everything, honest = [], []  # the solutions' correct kernels and the tricks' honest twins
