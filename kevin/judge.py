@@ -619,8 +619,9 @@ class Judge:
         """Clean measurements, taken before the candidate is imported so that it has no part in them, and as the
         timing will call (each call of the runner after the reference has run with the runner stopped):
         - what a timed call of the runner costs with no model at all, as the judge sees it: the least wall time
-          beyond the runner's report, and the median CPU time of the runner's threads, from `go` to the answer
-          to `collect`;
+          beyond the runner's report, and the least CPU time of the runner's threads, from `go` to the answer to
+          `collect` (the least, not the median: a 0.1 ms CPU kernel less a noisy harness's median once came out
+          at no time at all, paid as the fastest possible; less the cheapest call, it can only read slower);
         - on a GPU, the reference's fastest call and the fastest of the judge's own one-element kernel, which
           `slowed_reference` compares with (on the CPU the runner is stopped while the reference runs, so nothing
           of the candidate's can slow it there)."""
@@ -635,7 +636,7 @@ class Judge:
                 raise RunnerGone(str(failed))
             walls.append(wall_s * 1e3 - float(answer.get("events", math.nan)))
             cpus.append(cpu_s * 1e3)
-        harness = {"wall": min(walls, default=0.0), "cpu": _median(cpus) if cpus else 0.0}
+        harness = {"wall": min(walls, default=0.0), "cpu": min(cpus, default=0.0)}
         warm = self.payload["warmup"]  # the first calls, as the timing's warm-ups, are left out where more follow
         return harness, {name: min(ms[warm:] or ms) for name, ms in clean.items()} if self.cuda and walls else {}
 
