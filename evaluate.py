@@ -308,6 +308,11 @@ def _feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s:
     if "error" in outcome:
         frames = last_frames(outcome.get("traceback", ""), candidate_path)
         message = first_lines(outcome["error"])
+        memory = outcome.get("memory_mib") or {}
+        if outcome["error"].startswith("OutOfMemoryError") and "candidate_limit" in memory:
+            message += (f"\nYour process may hold {memory['candidate_limit']:.0f} MiB of GPU memory: the task's "
+                        f"footprint ({memory['footprint']:.0f} MiB: its inputs, outputs and working memory) and "
+                        f"{memory['candidate_limit'] - memory['footprint']:.0f} MiB more.")
         return make_result("runtime_error", f"Runtime error: {message}" + (f"\n{frames}" if frames else ""))
     medians = outcome["medians"]
     cand, ref = medians["candidate"], medians["reference"]

@@ -654,6 +654,8 @@ def test_every_cuda_trick_earns_nothing_and_a_rejection_names_its_rule(cuda_adve
         if trick and e["correct"]:
             twin = by_name[record["solution"].split(".")[0] + ".correct_honest-twin"]
             assert e["speedup"] <= 1.5 * twin["speedup"], (record["solution"], e["speedup"], twin["speedup"])
+    hoarder = by_name["level1/7_ReLU.runtime_error_remembers-near-duplicates"]  # out of its process's GPU memory
+    assert "Your process may hold" in hoarder["feedback"], hoarder["feedback"]
 
 
 @pytest.mark.gpu

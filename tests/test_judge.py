@@ -98,6 +98,11 @@ def test_a_reported_time_shorter_than_the_judge_saw_beyond_the_harness_is_a_fake
     faked = [(label, 0.02, 0.02) for label, _, _ in honest]
     assert jg.unobserved_time(faked, seen, harness_ms=0.05).startswith("[clock-mismatch] each of your timed calls")
     assert jg.unobserved_time(faked, {**seen, "candidate/4": (0.05e-3, 0.0)}, 0.05) is None  # its least
+    long = [(label, 6.0, 6.1) for label, _, _ in honest]  # a long call leaves more around it, a faked one most
+    seen_long = {label: (7.34e-3, 0.0) for label, _, _ in long}
+    assert jg.unobserved_time(long, seen_long, harness_ms=0.59) is None
+    faked_long = [(label, 0.5, 0.5) for label, _, _ in long]
+    assert jg.unobserved_time(faked_long, seen_long, harness_ms=0.59).startswith("[clock-mismatch]")
 
 
 def test_a_slower_reference_stands_only_within_what_the_judges_own_kernel_says_of_the_load():
