@@ -472,10 +472,6 @@ class Evaluator:
         self.candidates, self.compiles = itertools.count(), itertools.count()
         self.busy = {"build": Busy(), "check": Busy()}
         self.progress = None
-        if cfg.progress:
-            from tqdm import tqdm
-
-            self.progress = tqdm(total=0, desc=f"evaluate ({self.kind} x{len(self.devices)})", file=sys.stderr)
 
     def task_paths(self, tasks: list[str]) -> list[Path]:
         """The task files of those that resolve (a record naming any other is a format error)."""
@@ -488,13 +484,19 @@ class Evaluator:
         return paths
 
     def __enter__(self) -> Evaluator:
+        """The fork server, the children's settings and the build cache, then what `__exit__` cleans up: the work
+        folder and the progress bar (a Ctrl-C before them leaves nothing behind)."""
         start_fork_server()  # from this thread, before the threads that start children
-        self.workdir = tempfile.mkdtemp(prefix="eval-", dir=self.build_root)
         readable = sandbox.readable([self.build_root, str(ROOT), self.cfg.tasks, *sorted(self.folders)],
                                     hidden_from_children())
         self.settings = child_settings(self.kind, readable, self.mechanisms)
         self.cache = BuildCache(Path(self.build_root), self.settings["run"].env.get("TORCH_CUDA_ARCH_LIST", ""),
                                 self.cfg.compile_workers, self.compile, self.cfg.compile_timeout_s)
+        self.workdir = tempfile.mkdtemp(prefix="eval-", dir=self.build_root)
+        if self.cfg.progress:
+            from tqdm import tqdm
+
+            self.progress = tqdm(total=0, desc=f"evaluate ({self.kind} x{len(self.devices)})", file=sys.stderr)
         return self
 
     def __exit__(self, kind, error, trace) -> None:
@@ -508,7 +510,7 @@ class Evaluator:
                     self.stop()
                     raise
         finally:
-            if self.progress:
+            if self.progress is not None:
                 self.progress.close()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -520,7 +522,7 @@ class Evaluator:
         with self.lock:
             self.to_run += len(jobs)
             self.expected = max(0, self.expected - len(records))
-        if self.progress:
+        if self.progress is not None:
             self.progress.total += len(records)
             self.progress.refresh()
         if jobs and not self.workers:  # from the first candidate to run on: spares set up while it builds
@@ -590,7 +592,7 @@ class Evaluator:
                 self.finished.put((tag, own))
                 if self.on_result:
                     self.on_result(tag, own)
-            if self.progress:
+            if self.progress is not None:
                 self.progress.update(len(tags))
 
     def apply_static_rules(self, records: list[dict], tags: list) -> dict[tuple[str, str], list]:
