@@ -62,7 +62,7 @@ def overlap_factor(seconds: dict[str, float]) -> float:
 def table(sync: dict[str, float], overlapped: dict[str, float]) -> str:
     lines = ["| phase | synchronous s | overlapped s | synchronous / overlapped |", "|---|---|---|---|"]
     for name, label in PHASES:
-        ratio = f"{sync[name] / overlapped[name]:.2f}x" if overlapped[name] > 0 else "-"
+        ratio = f"{sync[name] / overlapped[name]:.2f}x" if min(sync[name], overlapped[name]) >= 0.01 else "-"
         lines.append(f"| {label} | {sync[name]:.2f} | {overlapped[name]:.2f} | {ratio} |")
     lines.append(f"| rollout phases / rollout wall | {overlap_factor(sync):.2f}x | {overlap_factor(overlapped):.2f}x "
                  "| |")
