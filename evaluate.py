@@ -5,7 +5,7 @@ A candidate is a Python module defining `ModelNew` whose work is done by native 
 also runs where no GPU exists). Each candidate gets a status, a speedup and the feedback text the model
 reads on its next turn (the five kinds of the Kevin paper, plus `rejected` and `timeout`).
 
-Pipeline, per call of `evaluate(records)`:
+Pipeline, per call of `evaluate(records)` (or per submission to an `Evaluator`, which judges them as they come):
   1. parse: the last fenced code block of a reply (or the record's code as is); the static rules of --rules,
      the paper's (no try/except, no `pass`, no torch.nn layers / functional / torch compute ops, a native
      kernel) or KernelBench's (the same, but PyTorch ops and torch.nn layers allowed).
@@ -20,7 +20,7 @@ Pipeline, per call of `evaluate(records)`:
   A crash, illegal memory access, `sys.exit` or hang kills only that candidate's runner; the result says so
   (kevin/isolation.py).
 
-The file reads in that order: config, tasks, the build child's job, feedback, the scheduler (`_Evaluation`),
+The file reads in that order: config, tasks, the build child's job, feedback, the scheduler (`Evaluator`),
 the command line. Its machinery lives in helper modules named for what they do: kevin/static_rules.py (parsing and
 the static rules), kevin/judge.py (the verdict), kevin/run_child.py (the runner: the candidate's process, its timer and
 profiler), kevin/tensor_exchange.py (the outputs between them), kevin/eval_children.py (the children's settings and what
@@ -48,6 +48,7 @@ if __name__ == "__main__":
 
 import argparse
 import collections
+import contextlib
 import itertools
 import json
 import math
@@ -60,7 +61,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -360,7 +360,15 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
     Each record has `task` (an id under cfg.tasks, or a task file) and `code` (a candidate or a whole
     reply). `on_result(index, result)` is called as each finishes. Identical (task, code) pairs are
     evaluated once and share the result."""
-    return _Evaluation(cfg or EvalConfig(), len(records), on_result).run(records)
+    results: list[dict | None] = [None] * len(records)
+    with Evaluator(cfg or EvalConfig(), [str(r.get("task", "")) for r in records], on_result=on_result) as evaluator:
+        evaluator.submit(records, range(len(records)))
+        left = len(records)
+        while left:
+            for i, result in evaluator.wait():
+                results[i] = result
+                left -= 1
+    return results
 
 
 SANDBOX_RULE = ("[sandbox] the candidate made a system call the sandbox forbids (a network socket, ptrace, "
@@ -415,130 +423,221 @@ def _build_failure(outcome: dict, candidate: str, build_root: str, timeout_s: fl
                        cpu_s={"compile": round(outcome.get("cpu_s", 0.0), 3)})
 
 
-class _Evaluation:
-    """One call of `evaluate`: the static rules here, every distinct candidate imported in a build child (one
-    thread each), whose extensions the build cache compiles, at most cfg.compile_workers at once, and one
-    thread per device that runs each built candidate in a fresh child set up ahead."""
+class Busy:
+    """Wall seconds during which at least one job of a kind was under way: jobs that overlap count once, so that
+    the build and the check phases of a rollout can be set beside its wall time."""
 
-    def __init__(self, cfg: EvalConfig, count: int, on_result):
-        self.cfg, self.on_result = cfg, on_result
+    def __init__(self):
+        self.seconds, self.running, self.since = 0.0, 0, 0.0
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def __call__(self):
+        with self.lock:
+            if not self.running:
+                self.since = time.perf_counter()
+            self.running += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.running -= 1
+                if not self.running:
+                    self.seconds += time.perf_counter() - self.since
+
+
+class Evaluator:
+    """Candidates judged as they are submitted, so that a caller can go on (generate the next turn of the
+    trajectories already judged) while the others build and run: the static rules at once, every distinct
+    candidate of a submission imported in a build child (one thread each), whose extensions the build cache
+    compiles, at most cfg.compile_workers at once, and one thread per device that runs each built candidate in
+    a fresh child set up ahead. `evaluate` is one submission.
+
+    `tasks`: every task the submissions will name (ids or files), whose folders the children may read;
+    `expected`: how many records later submissions will still bring, at most: while any may come, a judge and
+    runner pair is kept set up for the next. Results come back from `wait` (and to `on_result(tag, result)`, in
+    the thread that finished it). Leaving the `with` waits for every thread; after an error or a Ctrl-C it stops
+    every child first."""
+
+    def __init__(self, cfg: EvalConfig, tasks: list[str], expected: int = 0, on_result=None):
+        self.cfg, self.expected, self.on_result = cfg, expected, on_result
         self.kind, self.devices = resolve_device(cfg)
         self.mechanisms = sandbox_mechanisms(cfg.sandbox)
         self.index = index_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
         self.build_root = str(Path(cfg.build_dir).resolve())
         Path(self.build_root).mkdir(parents=True, exist_ok=True)
-        self.results: list[dict | None] = [None] * count
+        self.folders = {str(path.parent) for path in self.task_paths(tasks)}
         self.lock = threading.Lock()
         self.ready: queue.Queue = queue.Queue()  # built candidates, for the device threads
-        self.to_run = 0  # distinct candidates that may still reach a device
+        self.finished: queue.Queue = queue.Queue()  # (tag, result), or the error of a thread that failed
+        self.to_run = 0  # distinct candidates submitted that may still reach a device
         self.stopping = False  # interrupted: what children say from now on is no result
+        self.builds: list[threading.Thread] = []
+        self.workers: list[threading.Thread] = []
+        self.candidates, self.compiles = itertools.count(), itertools.count()
+        self.busy = {"build": Busy(), "check": Busy()}
         self.progress = None
-        if cfg.progress:
+
+    def task_paths(self, tasks: list[str]) -> list[Path]:
+        """The task files of those that resolve (a record naming any other is a format error)."""
+        paths = []
+        for task in tasks:
+            try:
+                paths.append(resolve_task(task, self.index))
+            except ValueError:
+                pass
+        return paths
+
+    def __enter__(self) -> Evaluator:
+        """The fork server, the children's settings and the build cache, then what `__exit__` cleans up: the work
+        folder and the progress bar (a Ctrl-C before them leaves nothing behind)."""
+        start_fork_server()  # from this thread, before the threads that start children
+        readable = sandbox.readable([self.build_root, str(ROOT), self.cfg.tasks, *sorted(self.folders)],
+                                    hidden_from_children())
+        self.settings = child_settings(self.kind, readable, self.mechanisms)
+        self.cache = BuildCache(Path(self.build_root), self.settings["run"].env.get("TORCH_CUDA_ARCH_LIST", ""),
+                                self.cfg.compile_workers, self.compile, self.cfg.compile_timeout_s)
+        self.workdir = tempfile.mkdtemp(prefix="eval-", dir=self.build_root)
+        if self.cfg.progress:
             from tqdm import tqdm
 
-            self.progress = tqdm(total=count, desc=f"evaluate ({self.kind} x{len(self.devices)})", file=sys.stderr)
+            self.progress = tqdm(total=0, desc=f"evaluate ({self.kind} x{len(self.devices)})", file=sys.stderr)
+        return self
 
-    def run(self, records: list[dict]) -> list[dict]:
-        start_fork_server()  # from this thread, before the threads that start children
-        workdir = tempfile.mkdtemp(prefix="eval-", dir=self.build_root)
+    def __exit__(self, kind, error, trace) -> None:
         try:
-            jobs = self.write_candidates(self.apply_static_rules(records), workdir)
-            readable = sandbox.readable([self.build_root, str(ROOT), self.cfg.tasks,
-                                         *{str(Path(task).parent) for task, *_ in jobs}], hidden_from_children())
-            self.settings = child_settings(self.kind, readable, self.mechanisms)
-            self.cache = BuildCache(Path(self.build_root), self.settings["run"].env.get("TORCH_CUDA_ARCH_LIST", ""),
-                                    self.cfg.compile_workers, self.compile, self.cfg.compile_timeout_s)
-            self.workdir, self.compiles = workdir, itertools.count()
-            self.to_run = len(jobs)
-            workers = [threading.Thread(target=self.feed_device, args=(d, workdir, len(jobs)), daemon=True)
-                       for d in self.devices]
-            with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:  # waiting for a build takes no slot
-                builds = []
-                try:  # from the first thread on: a Ctrl-C that skipped the stop would leave children running
-                    for w in workers:
-                        w.start()
-                    for job in jobs:  # one at a time: each is in `builds` for the stop as soon as it exists
-                        builds.append(pool.submit(self.build, job))
-                    for b in builds:
-                        b.result()
-                    for _ in workers:
-                        self.ready.put(None)
-                    for w in workers:
-                        w.join()
-                except KeyboardInterrupt:
-                    self.stop(builds, workers)
+            if kind is not None:
+                self.stop()
+            else:
+                try:
+                    self.close()
+                except BaseException:  # a Ctrl-C while waiting
+                    self.stop()
                     raise
         finally:
-            if self.progress:
+            if self.progress is not None:
                 self.progress.close()
-            shutil.rmtree(workdir, ignore_errors=True)
-        return self.results
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def stop(self, builds: list, workers: list[threading.Thread]) -> None:
+    def submit(self, records: list[dict], tags) -> None:
+        """Judge `records`; each one's result comes back with its tag. Records without a valid candidate are
+        finished here; the others are built at once, then run as a device is free."""
+        records, tags = list(records), list(tags)
+        jobs = self.write_candidates(self.apply_static_rules(records, tags))
+        with self.lock:
+            self.to_run += len(jobs)
+            self.expected = max(0, self.expected - len(records))
+        if self.progress is not None:
+            self.progress.total += len(records)
+            self.progress.refresh()
+        if jobs and not self.workers:  # from the first candidate to run on: spares set up while it builds
+            self.workers = [self.start_thread(self.run_queued, device) for device in self.devices]
+        for job in jobs:  # one at a time: each is in `builds` for the stop as soon as it exists
+            self.builds.append(self.start_thread(self.build, job))
+
+    def wait(self) -> list[tuple]:
+        """The (tag, result) pairs finished since the last call, at least one: blocks until there is one. The
+        error of a thread of this evaluator that failed is raised here."""
+        items = [self.finished.get()]
+        while not self.finished.empty():
+            items.append(self.finished.get())
+        for item in items:
+            if isinstance(item, Exception):
+                raise item
+        return items
+
+    def seconds(self) -> dict[str, float]:
+        """Wall seconds during which a candidate was being built, and during which one was being checked and timed."""
+        return {name: busy.seconds for name, busy in self.busy.items()}
+
+    def start_thread(self, target, *args) -> threading.Thread:
+        """A daemon thread whose error reaches `wait`, quietly where a Ctrl-C's stop is what it failed on."""
+        def guarded():
+            try:
+                target(*args)
+            except Exception as error:
+                if not self.stopping:
+                    self.finished.put(error)
+
+        thread = threading.Thread(target=guarded, daemon=True)
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        """Once every submission is in: wait for the builds, then tell the device threads to stop after the last."""
+        for thread in self.builds:
+            thread.join()
+        for _ in self.workers:
+            self.ready.put(None)
+        for thread in self.workers:
+            thread.join()
+
+    def stop(self) -> None:
         """On Ctrl-C: no result from here on (a child this stop kills would read as a crash), and every child
         killed until no thread waits on one; a second Ctrl-C does not cut that short."""
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         with self.lock:
             self.stopping = True
-        for _ in workers:
+        for _ in self.workers:
             self.ready.put(None)
         try:
-            while not all(b.done() for b in builds) or any(w.is_alive() for w in workers):
+            while any(thread.is_alive() for thread in self.builds + self.workers):
                 stop_every_child()
                 time.sleep(0.05)
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def finish(self, indices: list[int], result: dict, started: float) -> None:
+    def finish(self, tags: list, result: dict, started: float) -> None:
         result["time_s"] = {**result.get("time_s", {}), "total": round(time.perf_counter() - started, 3)}
         with self.lock:
             if self.stopping:
                 return
-            for i in indices:
-                self.results[i] = dict(result, time_s=dict(result["time_s"]), rules=self.cfg.rules)
+            for tag in tags:
+                own = dict(result, time_s=dict(result["time_s"]), rules=self.cfg.rules)
+                self.finished.put((tag, own))
                 if self.on_result:
-                    self.on_result(i, self.results[i])
-            if self.progress:
-                self.progress.update(len(indices))
+                    self.on_result(tag, own)
+            if self.progress is not None:
+                self.progress.update(len(tags))
 
-    def apply_static_rules(self, records: list[dict]) -> dict[tuple[str, str], list[int]]:
-        """Finish every record that has no valid candidate; group the others by identical (task, code)."""
-        groups: dict[tuple[str, str], list[int]] = {}
-        for i, record in enumerate(records):
+    def apply_static_rules(self, records: list[dict], tags: list) -> dict[tuple[str, str], list]:
+        """Finish every record that has no valid candidate; group the others' tags by identical (task, code)."""
+        groups: dict[tuple[str, str], list] = {}
+        for tag, record in zip(tags, records):
             started = time.perf_counter()
             try:
                 task_path = str(resolve_task(str(record["task"]), self.index))
             except (KeyError, ValueError) as e:
-                self.finish([i], make_result("format_error", f"Bad record: {e}"), started)
+                self.finish([tag], make_result("format_error", f"Bad record: {e}"), started)
                 continue
             code = extract_code(str(record.get("code") or ""))
             if not code or not code.strip():
-                self.finish([i], make_result("format_error", "Format error: the reply has no complete fenced "
-                                             "code block with the solution (```python ... ```)."), started)
+                self.finish([tag], make_result("format_error", "Format error: the reply has no complete fenced "
+                                               "code block with the solution (```python ... ```)."), started)
                 continue
             verdict = static_check(code, self.kind, self.cfg.rules)
             if verdict:
-                self.finish([i], make_result(*verdict), started)
+                self.finish([tag], make_result(*verdict), started)
                 continue
-            groups.setdefault((task_path, code), []).append(i)
+            groups.setdefault((task_path, code), []).append(tag)
         return groups
 
-    @staticmethod
-    def write_candidates(groups: dict[tuple[str, str], list[int]], workdir: str) -> list[tuple]:
-        """Each distinct candidate in its own folder: (task file, candidate file, its kernels' names, record
-        indices)."""
+    def write_candidates(self, groups: dict[tuple[str, str], list]) -> list[tuple]:
+        """Each distinct candidate in its own folder: (task file, candidate file, its kernels' names, tags)."""
         jobs = []
-        for n, ((task_path, code), indices) in enumerate(groups.items()):
-            folder = Path(workdir) / f"c{n:05d}"
+        for (task_path, code), tags in groups.items():
+            folder = Path(self.workdir) / f"c{next(self.candidates):05d}"
             folder.mkdir()
             (folder / "solution.py").write_text(code)
-            jobs.append((task_path, str(folder / "solution.py"), kernel_names(code), indices))
+            jobs.append((task_path, str(folder / "solution.py"), kernel_names(code), tags))
         return jobs
 
-    def fewer_to_run(self) -> int:
+    def still_to_run(self, taken: int = 0) -> int:
+        """How many judge and runner pairs may be needed (less `taken`, which a device now has): one per candidate
+        submitted that may still reach a device, and one more while records are still expected."""
         with self.lock:
-            self.to_run -= 1
-            return self.to_run
+            self.to_run -= taken
+            return self.to_run + min(self.expected, 1)
 
     def compile(self, payload: dict, writable: list[str], timeout_s: float) -> dict:
         """The build cache's compiler: one extension, in a compile child that may write only `writable`."""
@@ -548,32 +647,22 @@ class _Evaluation:
     def build(self, job: tuple) -> None:
         """Import one candidate in a child, which has the cache build its extensions, then queue it for a
         device, or finish it as a build failure."""
-        task_path, candidate, _, indices = job
+        task_path, candidate, _, tags = job
         started = time.perf_counter()
         with self.cache.slot():
             if self.stopping:
                 return
-            outcome = run_in_child(_build, {"candidate": candidate}, self.settings["build"],
-                                   self.cfg.compile_timeout_s, str(Path(candidate).with_name("build.log")),
-                                   serve=self.cache.request)
+            with self.busy["build"]():
+                outcome = run_in_child(_build, {"candidate": candidate}, self.settings["build"],
+                                       self.cfg.compile_timeout_s, str(Path(candidate).with_name("build.log")),
+                                       serve=self.cache.request)
         outcome["cpu_s"] = _number(outcome.get("cpu_s")) + self.cache.compile_cpu_s()
         if not (outcome.get("timeout") or "crash" in outcome or "error" in outcome):
             self.ready.put((job, started, _number(outcome.get("seconds")), outcome["cpu_s"]))
             return
-        self.fewer_to_run()  # it will not reach a device
-        self.finish(indices, _build_failure(outcome, candidate, self.build_root, self.cfg.compile_timeout_s,
-                                            time.perf_counter() - started, self.cfg.rules), started)
-
-    def feed_device(self, device: str, workdir: str, candidates: int) -> None:
-        """Run built candidates on one device until the queue says stop (run_queued), quietly where a Ctrl-C
-        stops it."""
-        if self.stopping:  # a Ctrl-C overtook this thread's start: the stop did not count it alive, so it
-            return  # may already have removed the work folder
-        try:
-            self.run_queued(device, workdir, candidates)
-        except Exception:
-            if not self.stopping:  # else it failed on a child the stop killed: no traceback, the stop says it
-                raise
+        self.still_to_run(taken=1)  # it will not reach a device
+        self.finish(tags, _build_failure(outcome, candidate, self.build_root, self.cfg.compile_timeout_s,
+                                         time.perf_counter() - started, self.cfg.rules), started)
 
     def start_pair(self, device: str, logs) -> tuple:
         """A runner (sandboxed: it will import the candidate) and its judge (never imports candidate code),
@@ -605,22 +694,25 @@ class _Evaluation:
             stop_child_later(runner)
         return outcome, cpu_s
 
-    def run_queued(self, device: str, workdir: str, candidates: int) -> None:
-        """Each candidate gets a fresh runner and judge, set up ahead (no more spares than candidates left to
-        run); the oldest spare has had the longest to get ready."""
-        logs = (str(Path(workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())
+    def run_queued(self, device: str) -> None:
+        """Each candidate gets a fresh runner and judge, set up ahead (no more spares than candidates that may
+        still come); the oldest spare has had the longest to get ready."""
+        if self.stopping:  # a Ctrl-C overtook this thread's start: the stop did not count it alive, so it
+            return  # may already have removed the work folder
+        logs = (str(Path(self.workdir) / f"run-{device.replace(':', '')}-{n}.log") for n in itertools.count())
         spares = collections.deque(self.start_pair(device, logs)
-                                   for _ in range(min(self.cfg.spare_children, candidates)))
+                                   for _ in range(min(self.cfg.spare_children, self.still_to_run())))
         while (item := self.ready.get()) is not None and not self.stopping:
-            left = self.fewer_to_run()
-            (task_path, candidate, kernels, indices), started, build_s, build_cpu_s = item
+            left = self.still_to_run(taken=1)
+            (task_path, candidate, kernels, tags), started, build_s, build_cpu_s = item
             pair = spares.popleft() if spares else None
             if pair is None or not all(child[0].is_alive() for child in pair):
                 pair = self.start_pair(device, logs)
             if len(spares) < min(self.cfg.spare_children, left):
                 spares.append(self.start_pair(device, logs))
             run_started, sent_at = time.perf_counter(), time.time()
-            outcome, run_cpu_s = self.judge_candidate(pair, task_path, candidate, kernels, device)
+            with self.busy["check"]():
+                outcome, run_cpu_s = self.judge_candidate(pair, task_path, candidate, kernels, device)
             result = build_feedback(outcome, build_root=self.build_root, candidate_path=candidate,
                                     timeout_s=self.cfg.run_timeout_s, rules=self.cfg.rules)
             times = {k: round(v, 3) for k, v in result["time_s"].items()}
@@ -629,7 +721,7 @@ class _Evaluation:
                                 "wait": round(waited, 3), **times}
             result["cpu_s"] = {"compile": round(build_cpu_s, 3),
                                "run": None if run_cpu_s is None else round(run_cpu_s, 3)}
-            self.finish(indices, result, started)
+            self.finish(tags, result, started)
         for pair in spares:
             for child in pair:
                 stop_child_later(child)

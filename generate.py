@@ -5,7 +5,9 @@ group of tasks are generated in one batch and evaluated in one batch (evaluate.p
 code, its closing summary and the evaluator's feedback become a "previous attempt" in the next turn's
 prompt. The prompt of every turn holds the task's PyTorch `Model`, the rules, a one-shot example
 (turn 1 only), the previous attempts, and a request to restart the reasoning and write new complete
-code. Earlier reasoning is dropped; only the summaries stay.
+code. Earlier reasoning is dropped; only the summaries stay. With --overlap there is no barrier between
+turns: a trajectory's next turn is generated as soon as its own kernel is judged, batched with the others
+ready by then, while the rest still build and run; each reply has its own seed, so the records are the same.
 
 Paper defaults (Kevin, arXiv 2507.11948): 16 trajectories, 4 turns (8 at evaluation), temperature
 0.9, 16,384 reply tokens. The paper is silent on the prompt budget: 16,384 prompt tokens is the
@@ -31,8 +33,8 @@ before loading.
 Simplifications: every trajectory runs all T turns (a correct kernel is told it can be made faster,
 as in the paper). With --device cpu the rules ask for C++ (`load_inline` with `cpp_sources` only),
 so the whole loop is meaningful without a GPU. The openai backend cannot see token ids: it records
-none and estimates a prompt's length as characters / 4. The hf backend keeps every step's scores to
-get log-probs, which suits small models and tests; use vllm for real runs.
+none and estimates a prompt's length as characters / 4. The hf backend draws every reply's tokens on
+the host, one random generator a reply, which suits small models and tests; use vllm for real runs.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -58,7 +61,7 @@ require("tqdm", "torch")
 
 from tqdm import tqdm
 
-from evaluate import EvalConfig, evaluate, index_tasks, resolve_device
+from evaluate import EvalConfig, Evaluator, index_tasks, resolve_device
 from kevin.backends import HFBackend, OpenAIBackend, VLLMBackend, check_model, check_vllm
 from kevin.config_flags import add_config_flags, check, parse_config
 from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
@@ -355,32 +358,70 @@ def parse_record(line: str, where: str) -> dict:
 
 
 # ---------------------------------------------------------------- the loop
-def run_turn(records: list[dict], tasks: list[Task], backend, eval_config: EvalConfig, *, seed: int | str,
-             device: str, context_budget: int) -> None:
-    """Add one turn to every trajectory record (record i solves tasks[i]): one generation and one evaluation batch.
+def reply_seed(seed: int | str, record: dict) -> int:
+    """The sampling seed of a record's next reply: from `seed`, its task, trajectory and turn, whatever batch it
+    is generated in."""
+    return zlib.crc32(f"{seed}/{record['task']}/{record['trajectory']}/{len(record['turns'])}".encode())
 
-    `device` picks the kernel language the prompt asks for (cpu: C++); a reply's sampling seed comes from
-    `seed`, its task, trajectory and turn."""
-    turn = len(records[0]["turns"]) + 1  # turns are numbered from 1
-    prompts = [fit_prompt(task.source, record["turns"], device, context_budget, backend.count_tokens,
-                          eval_config.rules) for task, record in zip(tasks, records)]
-    seeds = [zlib.crc32(f"{seed}/{r['task']}/{r['trajectory']}/{turn - 1}".encode()) for r in records]
-    replies = backend.generate(prompts, seeds)
-    parsed = [parse_reply(reply.text) for reply in replies]
-    # The evaluator gets the answer without its reasoning; a reply without code goes in as empty code,
-    # which evaluate marks format_error without running anything.
-    candidates = [{"task": str(task.path), "code": split_reasoning(reply.text)[1] if code is not None else ""}
-                  for task, reply, (code, _) in zip(tasks, replies, parsed)]
-    evals = evaluate(candidates, eval_config)
-    for record, messages, reply, (code, summary), result in zip(records, prompts, replies, parsed, evals):
-        record["turns"].append({
-            "turn": turn,
-            "prompt": {"messages": messages, "token_ids": backend.prompt_token_ids(messages)},
-            "reply": {"text": reply.text, "token_ids": reply.token_ids, "logprobs": reply.logprobs},
-            "code": code,
-            "summary": summary,
-            "eval": result,
-        })
+
+def next_turns(indices: list[int], records: list[dict], tasks: list[Task], backend, *, seed: int | str, device: str,
+               context_budget: int, rules: str) -> dict[int, dict]:
+    """One generation batch: for each i in `indices`, the next turn of records[i] (which solves tasks[i]), all but
+    its eval."""
+    prompts = [fit_prompt(tasks[i].source, records[i]["turns"], device, context_budget, backend.count_tokens, rules)
+               for i in indices]
+    replies = backend.generate(prompts, [reply_seed(seed, records[i]) for i in indices])
+    turns = {}
+    for i, messages, reply in zip(indices, prompts, replies):
+        code, summary = parse_reply(reply.text)
+        turns[i] = {"turn": len(records[i]["turns"]) + 1,  # turns are numbered from 1
+                    "prompt": {"messages": messages, "token_ids": backend.prompt_token_ids(messages)},
+                    "reply": {"text": reply.text, "token_ids": reply.token_ids, "logprobs": reply.logprobs},
+                    "code": code, "summary": summary}
+    return turns
+
+
+def candidate(task: Task, turn: dict) -> dict:
+    """What the evaluator gets: the answer without its reasoning; a reply without code goes in as empty code,
+    which evaluate marks format_error without running anything."""
+    answer = split_reasoning(turn["reply"]["text"])[1] if turn["code"] is not None else ""
+    return {"task": str(task.path), "code": answer}
+
+
+def run_turns(records: list[dict], tasks: list[Task], backend, eval_config: EvalConfig, *, turns: int,
+              seed: int | str, device: str, context_budget: int, overlap: bool = False,
+              progress=None) -> dict[str, float]:
+    """Add `turns` turns to every trajectory record (record i solves tasks[i]); returns the seconds spent
+    generating, and building and checking kernels (while any was: Evaluator.seconds).
+
+    Synchronous (the paper's loop): every record's turn is generated in one batch, and all are judged before any
+    next turn. With `overlap`, a record's next turn is generated as soon as its own kernel is judged, in one batch
+    with every record ready by then, while the other kernels still build and run. A reply depends on its record
+    and its seed only (`seed`, its task, trajectory and turn), not on its batch, so both orders give the same
+    records for the same verdicts (a timed kernel's feedback quotes its times, which no two runs share); the hf
+    backend's log-probs to their last bits, which a batch's size and padding change. `device` picks the kernel
+    language the prompts ask for (cpu: C++); `progress` is advanced once a judged turn."""
+    goal = [len(record["turns"]) + turns for record in records]
+    ready, judging, pending = list(range(len(records))), 0, {}
+    seconds = {"generate": 0.0}
+    with Evaluator(eval_config, [str(task.path) for task in tasks], expected=len(records) * turns) as evaluator:
+        while ready or judging:
+            if ready and (overlap or not judging):
+                generating = time.perf_counter()
+                made = next_turns(sorted(ready), records, tasks, backend, seed=seed, device=device,
+                                  context_budget=context_budget, rules=eval_config.rules)
+                seconds["generate"] += time.perf_counter() - generating
+                evaluator.submit([candidate(tasks[i], turn) for i, turn in made.items()], made)
+                pending |= made
+                judging, ready = judging + len(made), []
+            for i, result in evaluator.wait():
+                records[i]["turns"].append({**pending.pop(i), "eval": result})
+                judging -= 1
+                if len(records[i]["turns"]) < goal[i]:
+                    ready.append(i)
+                if progress is not None:
+                    progress.update(1)
+    return {**seconds, **evaluator.seconds()}
 
 
 def summary_table(records: list[dict]) -> str:
@@ -475,14 +516,11 @@ def roll_out(todo: list[tuple[Task, int]], backend, args: GenerateConfig, device
     eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules)
     size = (args.tasks_per_batch or len(todo)) * args.n_trajectories
     groups = [todo[i:i + size] for i in range(0, len(todo), size)]
-    with tqdm(total=len(groups) * args.turns, desc="rollouts", unit="turn", file=sys.stderr) as progress:
+    with tqdm(total=len(todo) * args.turns, desc="rollouts", unit="turn", file=sys.stderr) as progress:
         for group in groups:
-            group_tasks = [task for task, _ in group]
             records = [{"task": task.id, "trajectory": k, "turns": []} for task, k in group]
-            for _ in range(args.turns):
-                run_turn(records, group_tasks, backend, eval_config, seed=args.seed, device=device,
-                         context_budget=args.context_budget)
-                progress.update(1)
+            run_turns(records, [task for task, _ in group], backend, eval_config, turns=args.turns, seed=args.seed,
+                      device=device, context_budget=args.context_budget, overlap=args.overlap, progress=progress)
             yield records
 
 

@@ -24,7 +24,7 @@ Beam search, a third strategy: --beam-width trajectories for budget / width turn
 keep the --beam-keep trajectories with the fastest correct kernel so far and copy each width / keep
 times (paper: 16 wide, keep 4). It needs fresh generation after each pruning, so offline mode cannot
 do it. Live, each task's beam runs on its own (its `width` trajectories share one generation batch),
-with generate.py's `run_turn` as the step; a copy gets its own sampling seed from its new position.
+with generate.py's `run_turns` (one turn) as the step; a copy gets its own sampling seed from its new position.
 
 Run:
   python scale_test.py runs/eval.jsonl --budget 16 --out-json runs/scale.json --plot-dir runs/scale
@@ -250,8 +250,8 @@ def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path:
         def step(states: list[dict]) -> list[dict]:
             for position, state in enumerate(states):
                 state["trajectory"] = position  # copies of one beam draw their own samples
-            generate.run_turn(states, [task] * len(states), backend, eval_config, seed=args.seed, device=device,
-                              context_budget=args.context_budget)
+            generate.run_turns(states, [task] * len(states), backend, eval_config, turns=1, seed=args.seed,
+                               device=device, context_budget=args.context_budget)
             return states
 
         final = beam_search([{"task": task.id, "trajectory": k, "turns": []} for k in range(width)], step, turns, keep)

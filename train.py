@@ -2,10 +2,10 @@
 
 Each step picks --tasks-per-step tasks (level 1 and level 2 taking turns, shuffled by the seed and the
 step), rolls out --n-trajectories x --turns on each with generate.py's machinery (prompts, parsing,
-`run_turn`) using the policy being trained, evaluates every kernel with evaluate.py, scores, discounts
-and normalises within each task with reward.py, and takes --updates-per-batch gradient steps. Every
-turn is one training sample: its prompt token ids are the context, its reply token ids the completion,
-and only reply tokens are in the loss:
+`run_turns`; with --overlap, no barrier between turns) using the policy being trained, evaluates every
+kernel with evaluate.py, scores, discounts and normalises within each task with reward.py, and takes
+--updates-per-batch gradient steps. Every turn is one training sample: its prompt token ids are the
+context, its reply token ids the completion, and only reply tokens are in the loss:
 
   ratio  r = exp(log pi(token) - log pi_sampling(token))     both at the sampling temperature
   token  l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)  (+ beta * KL(pi || pi_ref), k3 estimator)
@@ -82,7 +82,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import reward
 from evaluate import EvalConfig
-from generate import Task, load_tasks, run_turn
+from generate import Task, load_tasks, run_turns
 from kevin.batching import Sample, collate, put_logprob_head, reply_logprobs
 from kevin.backends import HFBackend, check_model, check_vllm
 from kevin.config_flags import add_config_flags, check, given_flags
@@ -590,6 +590,7 @@ class Rollouts:
     trajectories: list[dict]  # this rank's, rewarded
     samples: int  # turn-samples of the whole step, over all ranks
     tasks: list[str]  # the step's task ids
+    seconds: dict[str, float]  # generating, building and checking kernels (generate.run_turns); offline none
 
 
 def step_rollouts(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
@@ -598,7 +599,8 @@ def step_rollouts(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
     if run.plan is not None:
         groups = run.plan[step]
         return Rollouts([t for group in groups[rank::world] for t in group],
-                        sum(len(t["turns"]) for group in groups for t in group), [group[0]["task"] for group in groups])
+                        sum(len(t["turns"]) for group in groups for t in group), [group[0]["task"] for group in groups],
+                        {})
     picked = pick_tasks(list(run.tasks), args.tasks_per_step, args.seed, step)
     my_tasks = [run.tasks[task_id] for task_id in picked[rank::world]]
     records = [{"task": task.id, "trajectory": k, "turns": []} for task in my_tasks for k in range(args.n_trajectories)]
@@ -606,11 +608,11 @@ def step_rollouts(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
     with policy_for_generation(run.accelerator, run.model) as policy:
         generator = run.backend or HFBackend(policy, args.temperature, args.max_tokens, tokenizer=run.tokenizer,
                                              synced_gpus=is_sharded(run.accelerator) and world > 1)
-        for _ in range(args.turns):
-            run_turn(records, record_tasks, generator, run.eval_config, seed=f"{args.seed}/{step}",
-                     device=args.eval_device, context_budget=args.context_budget)
+        seconds = run_turns(records, record_tasks, generator, run.eval_config, turns=args.turns,
+                            seed=f"{args.seed}/{step}", device=args.eval_device, context_budget=args.context_budget,
+                            overlap=args.overlap)
     return Rollouts(reward.add_rewards(records, args.reward), args.tasks_per_step * args.n_trajectories * args.turns,
-                    picked)
+                    picked, seconds)
 
 
 LOSS_TOTALS = ("loss", "tokens", "clipped", "entropy", "kl")  # summed over every update's micro-batches
@@ -704,7 +706,7 @@ class Step:
     index: int  # from 0
     rollouts: Rollouts
     update: Update
-    seconds: dict[str, float]  # rolling out, updating
+    seconds: dict[str, float]  # the rollout (and of it generating, building, checking), the update, the push
     sync: list[dict] | None  # with vLLM: each rank's engine checked against the policy after the push
 
 
@@ -724,8 +726,8 @@ def log_step(args: argparse.Namespace, run: Run, step: Step) -> dict:
                "train/clip_ratio": totals["clipped"] / tokens, "train/entropy": totals["entropy"] / tokens,
                "train/kl": totals["kl"] / tokens, "train/grad_norm": sum(grad_norms) / len(grad_norms),
                "train/zero_std_dropped": totals["dropped"] / step.rollouts.samples,
-               "train/lr": step.update.lr, "time/rollout_s": step.seconds["rollout"],
-               "time/update_s": step.seconds["update"], **step.update.memory}
+               "train/lr": step.update.lr, **{f"time/{name}_s": seconds for name, seconds in step.seconds.items()},
+               **step.update.memory}
     if totals["sampled"]:  # sampler against trainer before the update, over the tokens with sampling log-probs
         metrics.update({"mismatch/abs_logprob_diff": totals["logprob_diff"] / totals["sampled"],
                         "mismatch/kl": totals["mismatch_kl"] / totals["sampled"],
@@ -777,8 +779,11 @@ def main(argv=None) -> None:
         rollouts = step_rollouts(args, run, index)
         rolled_out = time.perf_counter()
         done = update(args, run, index, rollouts)
-        seconds = {"rollout": rolled_out - started, "update": time.perf_counter() - rolled_out}
-        metrics = log_step(args, run, Step(index, rollouts, done, seconds, push_policy(run, f"after step {index + 1}")))
+        updated = time.perf_counter()
+        sync = push_policy(run, f"after step {index + 1}")
+        seconds = {"rollout": rolled_out - started, **rollouts.seconds, "update": updated - rolled_out,
+                   "push": time.perf_counter() - updated}
+        metrics = log_step(args, run, Step(index, rollouts, done, seconds, sync))
         if done.memory and index == start:
             run.accelerator.print(memory_line(done.memory))
         history.append({"step": index + 1, **metrics})

@@ -203,11 +203,13 @@ def greedy_codes(model, tokenizer, prompts: list[dict], max_tokens: int, progres
 
 def sampling_check(model, tokenizer, prompts: list[dict], library_codes: set[str], samples: int,
                    temperature: float, max_tokens: int, seed: int, progress: bool) -> list[dict]:
-    """Per prompt, `samples` replies at the RL temperature (all in one batch, as train.py samples a group):
-    how many parse, how many are a library variant word for word, how many distinct new kernels."""
+    """Per prompt, `samples` replies at the RL temperature (all in one batch, as train.py samples a group; each
+    with a seed of its own, or they would all be one): how many parse, how many are a library variant word for
+    word, how many distinct new kernels."""
     backend = HFBackend(model, temperature, max_tokens, tokenizer=tokenizer, progress=progress)
+    count = len(prompts) * samples
     replies = backend.generate([p["messages"] for p in prompts for _ in range(samples)],
-                               [seed] * len(prompts) * samples)
+                               list(range(seed * count, (seed + 1) * count)))
     rows = []
     for n, prompt in enumerate(prompts):
         codes = [parse_reply(r.text)[0] for r in replies[n * samples:(n + 1) * samples]]

@@ -67,27 +67,59 @@ class HFBackend(ChatTokens):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
 
     def generate(self, prompts: list[list[dict]], seeds: list[int]) -> list[Reply]:
-        """One batch shares one random generator, seeded with the first prompt's seed."""
+        """Each reply draws its tokens with its own seed (RowSampler), so it does not depend on the other prompts of
+        its batch; only the last bits of its log-probs do (the batch's size and padding change the sums)."""
         import torch
 
         batch = self.tokenizer.pad({"input_ids": [self.prompt_token_ids(m) for m in prompts]}, return_tensors="pt")
         batch = batch.to(self.model.device)
-        torch.manual_seed(seeds[0])
+        sampler = RowSampler(seeds, self.temperature)
         with torch.no_grad(), token_progress(self.max_tokens, len(prompts), self.progress) as step:
-            out = self.model.generate(
-                **batch, do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
-                max_new_tokens=self.max_tokens, output_scores=True, return_dict_in_generate=True,
-                pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids), synced_gpus=self.synced_gpus,
-                stopping_criteria=[step],
+            # greedy search over what the sampler leaves: the one token it drew in each row
+            sequences = self.model.generate(
+                **batch, do_sample=False, temperature=None, top_k=None, top_p=None, logits_processor=[sampler],
+                max_new_tokens=self.max_tokens, pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
+                synced_gpus=self.synced_gpus, stopping_criteria=[step],
             )
-        logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
-        new_tokens = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
+        new_tokens = sequences[:, batch["input_ids"].shape[1]:].tolist()
         replies = []
-        for ids, lps in zip(new_tokens, logprobs.tolist()):
+        for ids, lps in zip(new_tokens, sampler.logprobs()):
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), len(ids))  # keep the eos
             text = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
             replies.append(Reply(text, ids[:end], lps[:end]))
         return replies
+
+
+class RowSampler:
+    """A logits processor that samples every row of a batch from softmax(scores / temperature) with the row's own
+    generator (on the host, seeded with its reply's seed), and leaves only the drawn token for the search to take.
+    So a reply's tokens depend on its prompt and seed, not on what else is in its batch, which lets a rollout batch
+    its prompts however it likes. Each drawn token's log-probability is kept."""
+
+    def __init__(self, seeds: list[int], temperature: float):
+        import torch
+
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.temperature = temperature
+        self.steps = []  # per step, the drawn tokens' log-probs, one per row
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        logprobs = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        cumulative = logprobs.exp().cumsum(-1)
+        draws = torch.cat([torch.rand(1, generator=g) for g in self.generators]).to(scores.device)
+        # inverse transform sampling: the first token whose cumulative probability passes the draw
+        tokens = torch.searchsorted(cumulative, (draws * cumulative[:, -1])[:, None], right=True)
+        tokens = tokens.clamp(max=scores.shape[-1] - 1)
+        self.steps.append(logprobs.gather(1, tokens))
+        return torch.full_like(scores, -float("inf")).scatter_(1, tokens, 0.0)
+
+    def logprobs(self) -> list[list[float]]:
+        """Per row, the log-prob of each token drawn (padding after a row's end included)."""
+        import torch
+
+        return torch.cat(self.steps, dim=1).tolist() if self.steps else [[] for _ in self.generators]
 
 
 @contextmanager

@@ -40,6 +40,9 @@ class RolloutConfig:
     rules: Literal["kevin", "kernelbench"] = "kevin"
     """which rules judge the kernels, and so what the prompt allows: kevin (the paper's: no PyTorch ops or torch.nn
     layers) or kernelbench (KernelBench's: PyTorch allowed for what is not replaced)"""
+    overlap: bool = False
+    """generate each trajectory's next turn as soon as its own kernel is judged, while the others still build and
+    run, instead of once every kernel of the turn is judged; the same records (docs/generation.md)"""
     gpu_memory_utilization: float = 0.9
     """vllm: share of GPU memory the engine takes (on a CPU build: of host memory; lower it there)"""
 

@@ -53,6 +53,10 @@ def make_accelerator(args: argparse.Namespace, accumulation: int, on_gpu: bool) 
         raise SystemExit("error: FSDP 1 is not supported: set fsdp_version: 2 (configs/fsdp.yaml)")
     if args.beta > 0 and is_sharded(accelerator):
         raise SystemExit("error: --beta > 0 needs a full reference model on every rank: use DDP, not FSDP or ZeRO-3")
+    if args.overlap and args.backend == "hf" and is_sharded(accelerator) and accelerator.num_processes > 1:
+        raise SystemExit("error: --overlap with --backend hf needs DDP: under FSDP or ZeRO-3 the ranks generate "
+                         "in lockstep, and overlapped rollouts make as many generate calls as their kernels' timing "
+                         "decides")
     return accelerator
 
 

@@ -163,6 +163,19 @@ def test_a_correct_kernel_timed_at_zero_gets_a_finite_speedup_in_its_result():
     assert json.loads(json.dumps(result, allow_nan=False))["speedup"] == result["speedup"]
 
 
+def test_busy_time_counts_jobs_that_overlap_once():
+    """What a rollout's build and check times are made of: the wall time during which any job ran."""
+    busy = ev.Busy()
+    with busy():
+        time.sleep(0.1)
+        with busy():  # a second job during the first
+            time.sleep(0.5)
+    time.sleep(0.3)  # none running: not counted
+    with busy():
+        time.sleep(0.1)
+    assert 0.7 <= busy.seconds < 1.1  # counted twice, the overlap would make it 1.2
+
+
 def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     help_text = " ".join(ev._parser().format_help().split())
     for name, doc in config_flags.field_docs(ev.EvalConfig).items():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import generate
-from evaluate import STATUSES
+from evaluate import STATUSES, EvalConfig
 from generate import EXAMPLE_MODEL, EXAMPLE_SOLUTION, EXAMPLE_SUMMARY, fit_prompt, parse_reply, render_prompt, split_reasoning
 from test_evaluate import ctrl_c_while_torch_loads, start_for_ctrl_c
 from kevin import config_flags
@@ -410,6 +410,81 @@ def test_openai_backend_retries_keeps_order_and_rejoins_reasoning():
     assert ChatServer.bodies[1] == {"model": "some-model", "messages": [{"role": "user", "content": "a"}],
                                     "temperature": 0.9, "max_tokens": 100, "seed": 7, "logprobs": True}
     assert set(ChatServer.headers_seen) == {"Bearer KEY"}
+
+
+# ---------------------------------------------------------------- the loop without a barrier between turns
+# The example's extension (in the build cache) on the first 10 elements: its verdict, a shape mismatch, reads the
+# same whatever inputs the judge draws, so the next turn's prompt does too.
+WRONG_KERNEL = EXAMPLE_SOLUTION["cpu"].replace("add_ext.add(a.contiguous(), b.contiguous())",
+                                               "add_ext.add(a[:10].contiguous(), b[:10].contiguous())")
+
+
+def seed_of(trajectory: int, turn: int) -> int:
+    """The sampling seed of a toy/add trajectory's turn (from 1) at seed 0."""
+    return generate.reply_seed(0, {"task": "toy/add", "trajectory": trajectory, "turns": [None] * (turn - 1)})
+
+
+class OneKernelWriter(HFBackend):
+    """The tiny model, but for trajectory 0's first reply: a kernel that builds and is judged wrong (WRONG_KERNEL),
+    in seconds where a junk reply's format error takes none. Records each generate call: its start, its end and
+    its seeds."""
+
+    calls: list[tuple[float, float, list[int]]] = []
+
+    def generate(self, prompts, seeds):
+        began = time.perf_counter()
+        replies = super().generate(prompts, seeds)
+        self.calls.append((began, time.perf_counter(), list(seeds)))
+        text = f"```python\n{WRONG_KERNEL}```\nI add the inputs."
+        return [Reply(text, self.tokenizer(text).input_ids, None) if seed == seed_of(0, 1) else reply
+                for reply, seed in zip(replies, seeds)]
+
+
+@pytest.fixture(scope="module")
+def both_orders(tmp_path_factory):
+    """Two trajectories x two turns of toy/add through run_turns and the real evaluator on the CPU, synchronous
+    and overlapped: overlap -> (records, the backend's calls)."""
+    path = write_add_task(tmp_path_factory.mktemp("tasks"))
+    task = generate.Task("toy/add", path, path.read_text())
+    backend = OneKernelWriter(build_tiny_model(), temperature=0.9, max_tokens=24)
+    runs = {}
+    for overlap in (False, True):
+        backend.calls = []
+        records = [{"task": "toy/add", "trajectory": k, "turns": []} for k in range(2)]
+        generate.run_turns(records, [task, task], backend, EvalConfig(device="cpu", spare_children=0, progress=False),
+                           turns=2, seed=0, device="cpu", context_budget=16384, overlap=overlap)
+        runs[overlap] = records, backend.calls
+    return runs
+
+
+def test_overlapped_rollouts_give_the_records_of_the_synchronous_loop(both_orders):
+    """Other batches (the overlapped loop generates each trajectory's second turn alone), the same records: the
+    same tokens, texts, prompts and verdicts; the log-probs to the last bits that a batch's size and padding
+    change; only the evaluator's clocks differ."""
+    (sync, sync_calls), (overlapped, calls) = both_orders[False], both_orders[True]
+    assert [seeds for *_, seeds in sync_calls] == [[seed_of(0, 1), seed_of(1, 1)], [seed_of(0, 2), seed_of(1, 2)]]
+    assert [seeds for *_, seeds in calls] == [[seed_of(0, 1), seed_of(1, 1)], [seed_of(1, 2)], [seed_of(0, 2)]]
+    assert overlapped[0]["turns"][0]["eval"]["status"] == "incorrect"
+
+    def without_clocks(record: dict) -> tuple[dict, list]:
+        turns = [{**turn, "reply": {**turn["reply"], "logprobs": None},
+                  "eval": {k: v for k, v in turn["eval"].items() if k not in ("time_s", "cpu_s", "memory_mib")}}
+                 for turn in record["turns"]]
+        return {**record, "turns": turns}, [turn["reply"]["logprobs"] or [] for turn in record["turns"]]
+
+    for one, other in zip(sync, overlapped):
+        (same, logprobs), (same_too, other_logprobs) = without_clocks(one), without_clocks(other)
+        assert same == same_too
+        assert all(a == pytest.approx(b, abs=1e-5) for a, b in zip(logprobs, other_logprobs))
+
+
+def test_overlapped_a_trajectory_writes_its_next_turn_while_another_kernel_is_still_judged(both_orders):
+    """Trajectory 0's kernel is judged from the end of the first batch for its total time; trajectory 1's second
+    turn is generated inside that window when overlapped, and only after it when synchronous."""
+    for overlap, (records, calls) in both_orders.items():
+        judged_by = calls[0][1] + records[0]["turns"][0]["eval"]["time_s"]["total"]
+        second_turn_began = next(began for began, _, seeds in calls if seed_of(1, 2) in seeds)
+        assert (second_turn_began < judged_by) == overlap
 
 
 # ---------------------------------------------------------------- command line

@@ -456,6 +456,8 @@ def test_default_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp
                     "reply/tokens", "train/clip_ratio", "train/grad_norm", "junk/other_first_word",
                     "junk/repeated_4grams"):
             assert key in m
+        assert 0 < m["time/generate_s"] <= m["time/rollout_s"] and m["time/update_s"] > 0
+        assert m["time/build_s"] >= 0 and m["time/check_s"] >= 0 and m["time/push_s"] >= 0
         assert 0 < m["train/entropy"] < math.log(3000) and 0 < m["reply/tokens"] <= 128
     assert "step   score  correct" in done.stdout and len(done.stdout.splitlines()) >= 4
     assert (tmp_path / "checkpoints" / "step_000003" / "trainer_state.json").exists()
