@@ -96,6 +96,8 @@ def main():
                    help="more candidate folders (default: tests/adversarial/<device>, whose honest twins are timed "
                         "too and whose tricks fill the batch)")
     p.add_argument("--out", help="write every number to this JSON file")
+    p.add_argument("--run-timeout-s", type=float, default=60.0,
+                   help="the evaluator's limit per candidate (the batch's hanging kernel holds the GPU this long)")
     p.add_argument("--threads", type=int, default=None, help="torch's threads in the clean measurement (default: "
                    "the evaluator's --cpu-threads)")
     p.add_argument("--clean", nargs=2, metavar=("TASK", "CANDIDATE"), help=argparse.SUPPRESS)  # one bare process
@@ -128,7 +130,7 @@ def main():
             list(pool.map(lambda r: clean(r, device, 1, threads, extensions), honest))
         cleaned = [clean(r, device, args.calls, threads, extensions) for r in honest]  # then timed one at a time
     cfg = ev.EvalConfig(device=kind, tasks=task_folder, gpus=[int(device.split(":")[1])] if kind == "cuda" else None,
-                        cpu_threads=threads, progress=False)
+                        cpu_threads=threads, run_timeout_s=args.run_timeout_s, progress=False)
     alone = ev.evaluate(honest, cfg)
     batch = {id(r): e for r, e in zip(everything, ev.evaluate(everything, cfg))}
     rows = []

@@ -38,7 +38,7 @@ import time
 
 import torch
 
-from kevin.run_child import (NEUTRAL_KERNEL, KernelLog, busy_ms, flatten_outputs, flush_buffer, identical, is_own_kernel,
+from kevin.run_child import (NEUTRAL_KERNEL, busy_ms, flatten_outputs, flush_buffer, identical, is_own_kernel,
                              make_timer, peak_resident_bytes, span_ms, start_task)
 from kevin.tensor_exchange import Arena
 
@@ -68,7 +68,7 @@ RUNNER_EXIT_S = 10.0
 # GPU memory, in multiples of the task's footprint (the reference's parameters, one draw of inputs, its outputs and
 # working memory at its peak): the judge's allocations stay within JUDGE_MEMORY of it (one draw, its own copy of
 # the reference's outputs and of the candidate's; beside them the shared block of one draw's inputs and outputs and
-# the 256 MB flush), and the candidate's process may allocate RUNNER_MEMORY of it plus RUNNER_SPARE bytes (beside
+# the 512 MB flush), and the candidate's process may allocate RUNNER_MEMORY of it plus RUNNER_SPARE bytes (beside
 # the shared block, which the judge made). A candidate is judged only once the GPU has the judge's share and one
 # footprint free (the spare is a ceiling, not a claim: a small task beside an engine that holds most of the GPU
 # still runs); the judge waits up to ADMISSION_WAIT_S for processes that are exiting to give theirs back.
@@ -310,6 +310,19 @@ def slowed_reference(calls: dict, clean: dict, max_slowdown: float) -> str | Non
     return None
 
 
+def wait_until_stopped(pid: int, limit_s: float = 0.05) -> None:
+    """Until every thread of process `pid` is stopped (or gone), for `limit_s` at most."""
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+            states = [open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0] for t in tasks]
+        except (OSError, IndexError):
+            return
+        if all(state in "tTZX" for state in states):
+            return
+
+
 def runner_cpu_s(pid: int) -> tuple[float, float]:
     """(CPU seconds of process `pid`, of its main thread), to the nanosecond: the kernel's CPU clock of the
     process, which keeps what its exited threads spent (a thread started, worked and joined inside a call
@@ -372,9 +385,10 @@ class Judge:
         self.reference = self.task.Model(*init_inputs).to(self.device).eval()
         self.unknowable = random.Random(os.urandom(16))  # every draw of inputs, order and spot check
         self.flush = flush_buffer(self.device)
-        # the reference is timed under a kernel log as the candidate is in the runner: the profiler's cost per op
-        # and per launch falls on both sides of the speedup
-        self.timer = make_timer(self.cuda, self.flush, KernelLog() if self.cuda and self.defend else None)
+        # the reference is timed with no kernel log: it runs no candidate code, and a profiler in this process added
+        # 0 to 27% to its calls (per aten op and launch, the most to references of several ops), where the clean
+        # timing of bench/timing_fidelity.py agrees with the candidate's calls timed under the runner's log
+        self.timer = make_timer(self.cuda, self.flush, None)
         self.times: dict[str, float] = {}
         self.arena: Arena | None = None
         self.other_threads_s = 0.0  # CPU time of the runner's threads but its main one, in timed calls
@@ -427,12 +441,15 @@ class Judge:
     @contextlib.contextmanager
     def runner_stopped(self):
         """The runner's whole process group stopped (SIGSTOP cannot be caught): nothing of the candidate's runs on
-        a core while the reference is timed, no thread, no signal handler."""
+        a core while the reference is timed, no thread, no signal handler. A stop takes effect as each thread is
+        next scheduled: the timing starts once every thread of the runner is seen stopped (a stop still under way
+        slowed some references' timed calls by up to 6% on the H200)."""
         if not self.defend:
             yield
             return
         os.killpg(self.payload["runner_pid"], signal.SIGSTOP)
         try:
+            wait_until_stopped(self.payload["runner_pid"])
             yield
         finally:
             os.killpg(self.payload["runner_pid"], signal.SIGCONT)

@@ -205,3 +205,27 @@ def test_on_a_gpu_the_arena_is_device_memory_that_another_process_writes_in_plac
     assert json.loads(judge_end.recv_bytes()) == {"on_device": True}
     runner.join(60)
     assert torch.equal(arena.outputs[0].cpu(), torch.arange(4) * 6)
+
+
+def test_the_reference_is_timed_only_once_every_thread_of_the_runner_is_stopped():
+    """A process whose two threads spin: after SIGSTOP, `wait_until_stopped` returns only when the kernel shows
+    every thread stopped (a stop takes effect as each thread is next scheduled), and soon."""
+    import signal
+    import subprocess
+    import sys
+
+    spin = "import threading\ndef spin():\n    while True: pass\nthreading.Thread(target=spin).start()\nspin()"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        while len(os.listdir(f"/proc/{child.pid}/task")) < 2:
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGSTOP)
+        began = time.perf_counter()
+        jg.wait_until_stopped(child.pid)
+        assert time.perf_counter() - began < 0.05
+        states = [open(f"/proc/{child.pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                  for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert states and all(s in "tT" for s in states), states
+    finally:
+        child.kill()
+        child.wait()
