@@ -284,11 +284,14 @@ def peak_resident_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+FLUSH_BYTES = 512 * 2**20
+
+
 def flush_buffer(device: torch.device) -> torch.Tensor | None:
     """512 MB to write before each timed call, so that no call finds its inputs in L2 (None on the CPU), and long
     enough to write (about 0.12 ms on the H200) that a Python model's first launch is queued before it ends:
     behind 256 MB, some calls' first kernels came after the flush had ended and the gap counted (up to 19 µs)."""
-    return torch.empty(512 * 2**20 // 4, dtype=torch.int32, device=device) if device.type == "cuda" else None
+    return torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device) if device.type == "cuda" else None
 
 
 def start_task(payload: dict) -> tuple[torch.device, object, list]:

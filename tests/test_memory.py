@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kevin.judge import JUDGE_MEMORY, RUNNER_MEMORY, RUNNER_SPARE
+from kevin.run_child import FLUSH_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_HEAP_SLACK = 8
@@ -132,7 +133,7 @@ def test_on_a_gpu_a_task_of_a_sixth_of_its_memory_is_judged_and_one_bigger_than_
     memory, input_mib = sixth_eval["memory_mib"], sixth["rows"] * columns * 4 / 2**20
     assert memory["footprint"] >= input_mib
     block = input_mib + sixth["rows"] * 4 / 2**20
-    assert memory["judge"] <= JUDGE_MEMORY * memory["footprint"] + block + 256 + 64
+    assert memory["judge"] <= JUDGE_MEMORY * memory["footprint"] + block + FLUSH_BYTES / 2**20 + 64
     assert memory["candidate"] <= memory["candidate_limit"] == pytest.approx(
         RUNNER_MEMORY * memory["footprint"] + RUNNER_SPARE / 2**20, abs=1)
     assert too_big_eval["status"] == "runtime_error"
