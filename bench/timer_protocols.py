@@ -7,11 +7,15 @@ phase interleaved so that drift hits them alike:
   timer       evaluate.py's timer (run_child.make_timer): queued, with a device-wide synchronize after the
               closing event and the host's clock around both
 then, with the kernel log on (torch.profiler, CPU and CUDA activity, as in every defended call), `idle`
-and `timer` again. A protocol's excess over `idle` is what it adds to every call: it compresses the
+and `timer` again, and `timer` under CUDA activity alone (CUPTI's tracing, whose cost is on the GPU itself).
+--candidates times hand-written kernels' ModelNew instead of the references (the kernel log is on only in
+the candidate's process). A protocol's excess over `idle` is what it adds to every call: it compresses the
 speedups of fast kernels. (The timer before this one drained the flush first and synchronized the device
 before its closing event: 0.026 to 0.067 ms above `idle` on the H200, 0.037 to 0.089 ms with the log on.)
 
     python bench/timer_protocols.py --out results/timer_protocols_h200.json     # on the GPU machine
+    python bench/timer_protocols.py --candidates solutions/cuda/level1/10_Tanh.correct_scalar.py \
+        solutions/cuda/level1/7_ReLU.correct_templated.py --out results/timer_protocols_candidates_h200.json
 """
 import argparse
 import json
@@ -53,17 +57,23 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=TASKS, help="task ids under tasks/")
     p.add_argument("--trials", type=int, default=100, help="timed calls per task and protocol (median reported)")
+    p.add_argument("--candidates", nargs="+", default=[], help="candidate files (solutions/cuda/<level>/<task>.*.py) "
+                   "to time instead of the tasks' references")
     p.add_argument("--out", help="write the medians to this JSON file")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: needs a CUDA GPU")
     index = ev.index_tasks(ev.ROOT / "tasks")
     rows = []
-    names = ["idle", "queued", "timer", "idle+prof", "timer+prof"]
-    print("| task | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
-    for task in args.tasks:
+    names = ["idle", "queued", "timer", "idle+prof", "timer+prof", "timer+cuda"]
+    print("| model | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    models = [(c, f"{Path(c).parent.name}/{Path(c).name.split('.')[0]}") for c in args.candidates] or \
+        [(task, task) for task in args.tasks]
+    for name, task in models:
         module = import_file(str(ev.resolve_task(task, index)), "reference_task")
-        reference = module.Model(*module.get_init_inputs()).cuda().eval()
+        torch.manual_seed(42)
+        model = module.Model if name == task else import_file(name, "candidate").ModelNew
+        reference = model(*module.get_init_inputs()).cuda().eval()
         torch.manual_seed(1)
         with torch.device("cuda"):
             inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
@@ -82,8 +92,11 @@ def main():
                 "idle": lambda: events_ms(reference, inputs, flush, drained=True),
                 "timer": lambda: timer(reference, inputs, "call")[0]}).items()}
             kernel_log.stop(set())
-        rows.append({"task": task, "median_ms": medians})
-        print(f"| {task} | {medians['idle']:.4f} | " + " | ".join(
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+                timer = make_timer(True, flush, None)
+                medians |= {"timer+cuda": interleaved(args.trials, {"t": lambda: timer(reference, inputs, "")[0]})["t"]}
+        rows.append({"task": task, **({"candidate": name} if name != task else {}), "median_ms": medians})
+        print(f"| {name} | {medians['idle']:.4f} | " + " | ".join(
             f"{medians[n]:.4f} ({medians[n] - medians['idle']:+.4f})" for n in names[1:]) + " |")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "trials": args.trials,
