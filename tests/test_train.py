@@ -631,6 +631,29 @@ def test_paper_defaults_and_the_gpu_sizes():
     assert (args.tasks_per_step, args.n_trajectories, args.turns, args.steps) == (2, 2, 2, 3)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the default policy is the CUDA one, made there")
+def test_with_no_flags_the_shipped_warm_started_policy_trains_on_every_task_of_its_library():
+    args = train.parse_args([])
+    report = json.loads((Path(args.model) / "warm_start.json").read_text())
+    assert Path(args.model) == ROOT / "solutions" / "warm_start" / "policy" / "cpu"
+    assert (args.tasks, args.eval_device, args.tasks_per_step) == (str(ROOT / "tests" / "tasks"), "cpu", 2)
+    assert (args.n_trajectories, args.turns, args.steps, args.lr, args.bf16) == (4, 2, 8, 5e-5, False)
+    assert args.max_tokens == report["longest_reply_tokens"] + 32
+    # a flag given still wins over the warm start's sizes
+    assert (train.parse_args(["--lr", "1e-5", "--steps", "2"]).lr, train.parse_args(["--steps", "2"]).steps) == (
+        1e-5, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the default policy is the CUDA one, made there")
+def test_the_default_run_trains_the_warm_started_policy_on_real_evaluations(tmp_path):
+    """`python train.py` cut to one short step: the warm-started policy writes kernels that compile."""
+    done = run_train("--steps", "1", "--n-trajectories", "2", "--turns", "1", "--output-dir", str(tmp_path))
+    [m] = read_log(tmp_path)
+    assert sorted(m["tasks"]) == ["level1/7_ReLU", "level1/9_Swish"] and m["reward/compiled"] > 0
+    assert "step   score  turn 1  correct" in done.stdout and (tmp_path / "metrics.png").exists()
+
+
 def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
     """The shared rollout fields too, with train.py's own docstring where it gives a field its own default."""
     monkeypatch.setenv("COLUMNS", "1000")  # no help line broken at a hyphen
