@@ -33,7 +33,7 @@ Run:
   python train.py --overwrite                        # start afresh where a previous run left its output
 
 With no --model, the policy is the small one warm-started on the kernel library (warm_start.policy: shipped for
-the CPU, else made once, about a minute on a GPU, and cached in .cache/warm_start), trained on every task of the
+the CPU, else made once at the first run and cached in .cache/warm_start), trained on every task of the
 library (CUDA kernels on a GPU, C++ on the CPU) with 4 trajectories x 2 turns a task for 8 steps at lr 5e-5: a run
 of minutes whose score and share correct rise. The paper's sizes are the defaults for a real model on a GPU. For
 --model tiny (a smoke test: a random model writes junk, every score is 0), or without a GPU, they shrink to 2
@@ -824,8 +824,10 @@ def main(argv=None) -> None:
     run.accelerator.end_training()
     if run.accelerator.is_main_process:
         print(summary_table(history))
+        model = Path(args.model)  # named inside the repository where it lies there
+        name = model.relative_to(REPO) if model.is_absolute() and model.is_relative_to(REPO) else model.name
         curve = learning_curves.plot_run([json.loads(line) for line in run.log_path.read_text().splitlines()],
-                                         run.log_path.with_suffix(".png"), f"GRPO from {Path(args.model).name}")
+                                         run.log_path.with_suffix(".png"), f"GRPO from {name}")
         print(f"metrics: {run.log_path}   curve: {curve}   model: {run.output_dir / 'final'}")
 
 
