@@ -234,6 +234,23 @@ def test_the_policy_is_made_once_then_taken_from_its_cache(tmp_path, monkeypatch
     assert ws.policy("cpu", epochs=2) != first and len(made) == 2  # other settings: another policy
 
 
+def test_a_missing_policy_is_made_by_warm_start_py_into_the_cache_and_names_no_folder_of_the_machine(tmp_path,
+                                                                                                     monkeypatch):
+    """One variant, turn-1 examples only, one epoch of a 1 x 64 model: the real subprocess, seconds."""
+    library = tmp_path / "library" / "level1"
+    library.mkdir(parents=True)
+    shutil.copy(LIBRARIES["cpu"] / "level1" / "7_ReLU.correct_vectorised.py", library)
+    monkeypatch.setattr(ws, "CACHE", tmp_path / "cache")
+    settings = {"library": library.parent, "turns": 1, "epochs": 1, "layers": 1, "hidden": 64, "batch_size": 1}
+    made = ws.policy("cpu", **settings)
+    assert made.parent == tmp_path / "cache" and (made / "model.safetensors").exists()
+    marker = json.loads((made / "policy.json").read_text())
+    assert marker["key"] == made.name and marker["settings"]["tasks"] == "tests/tasks"
+    assert not list((tmp_path / "cache").glob("*.partial"))
+    stamp = (made / "policy.json").stat().st_mtime_ns
+    assert ws.policy("cpu", **settings) == made and (made / "policy.json").stat().st_mtime_ns == stamp
+
+
 def test_the_shipped_cpu_policy_is_small_loads_and_is_the_one_the_library_asks_for():
     """A fresh clone's `python train.py` on the CPU starts from it without training a warm start first."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
