@@ -22,8 +22,8 @@ and the updates blur the memorised kernels (entropy and new kernels rise). Runs 
 --parallel, each on one GPU (round robin over the visible ones); a run whose metrics file is complete is
 not run again, and one that was cut short goes on from its last checkpoint (every 2 steps). The warm start is
 warm_start.policy's, made once for its settings and cached in .cache/warm_start/. Output in --out-dir:
-runs/<multi|single>_seed<k>/ (train.py's metrics, log, model), learning_demo.json (every number, and how many new kernels had to be compiled during GRPO)
-and learning_demo.png (score per step, score per turn).
+runs/<multi|single>_seed<k>/ (train.py's metrics, log, model), learning_demo.json (every number, and how many
+new kernels had to be compiled during GRPO) and learning_demo.png (score per step, score per turn).
 """
 import argparse
 import json
