@@ -62,10 +62,10 @@ def spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values)
 
 
-def cell(values: list[float], percent: bool = False) -> str:
-    """'mean ± std' over seeds, as a percentage or with an x for speedups."""
+def cell(values: list[float], percent: bool = False, unit: str = "x") -> str:
+    """'mean ± std' over seeds, as a percentage, or with `unit` (x: a speedup; "": a score)."""
     m, s = spread(values)
-    return f"{m:.0%} ± {s:.0%}" if percent else f"{m:.2f}x ± {s:.2f}"
+    return f"{m:.0%} ± {s:.0%}" if percent else f"{m:.2f}{unit} ± {s:.2f}"
 
 
 def seed_report(pools: dict[str, list[list[dict]]], budget: int, turns: int, pool: int) -> dict:
@@ -118,7 +118,7 @@ def markdown(agg: dict, training: dict, verdicts: list[dict], settings: dict, co
              "| policy | score first | score last | correct first | correct last |", "|---|---|---|---|---|"]
     for kind in ("multi", "single"):
         t = training[kind]
-        lines.append(f"| {LABELS[kind]} | {cell(t['score_first'])} | {cell(t['score_last'])} | "
+        lines.append(f"| {LABELS[kind]} | {cell(t['score_first'], unit='')} | {cell(t['score_last'], unit='')} | "
                      f"{cell(t['correct_first'], True)} | {cell(t['correct_last'], True)} |")
     allocations = list(agg["warm"]["allocations"])
     lines += ["", f"## Held-out, {settings['budget']} kernels a task: every allocation (n trajectories x T turns, "
@@ -149,7 +149,7 @@ def markdown(agg: dict, training: dict, verdicts: list[dict], settings: dict, co
         (d, ds), (c, cs) = v["speedup_best_diff"], v["correct_best_diff"]
         beat = "beat" if v["multi_beat_single"] else "did not beat"
         lines.append(f"- {v['allocation'].replace('x', ' x ')}: multi-turn RL {beat} single-turn RL on held-out "
-                     f"speedup best@k by {d:+.2f}x ± {ds:.2f} (multi ahead in "
+                     f"speedup best@k: multi - single {d:+.2f}x ± {ds:.2f} (multi ahead in "
                      f"{v['seeds_multi_ahead']} of {v['seeds']} seeds); correct best@k {c:+.0%} ± {cs:.0%}.")
     return "\n".join(lines) + "\n"
 

@@ -70,6 +70,8 @@ def test_the_markdown_says_the_command_every_section_and_the_verdict_in_words(tm
     for section in ("## Training", "## Held-out, 8 kernels", "## Held-out, serial", "## Held-out, parallel",
                     "## Verdict"):
         assert section in text
-    verdict = "multi-turn RL beat single-turn RL on held-out speedup best@k by +0.50x ± 0.16 (multi ahead in 3 of 3"
+    verdict = "multi-turn RL beat single-turn RL on held-out speedup best@k: multi - single +0.50x ± 0.16 (multi ahead"
     assert verdict in text  # per seed +0.5, +0.3, +0.7
     assert "| multi-turn RL | 1 x 8 | 100% ± 0% |" in text
+    assert "| multi-turn RL | 0.10 ± 0.00 | 0.40 ± 0.00 |" in text  # training scores, no x
+    assert kt.cell([0.25, 0.35], unit="") == "0.30 ± 0.05"  # a score, not a speedup
