@@ -24,19 +24,24 @@ a constant length normaliser (Dr. GRPO), rewards 0.3 * correct + speedup, gamma 
 advantages normalised over all of a task's turn-samples.
 
 Run:
-  python train.py                                   # the tiny model: a demo of minutes, on the GPU if there is one
+  python train.py                                   # the warm-started policy learning: minutes, GPU if any
+  python train.py --model tiny                      # the bare random tiny model: a smoke test of the whole loop
   accelerate launch --config_file configs/ddp.yaml train.py --model Qwen/Qwen2.5-7B-Instruct
   accelerate launch --config_file configs/ddp.yaml --num_processes 2 train.py    # also on a CPU (gloo)
   python train.py --rollouts rewarded.jsonl          # offline: update from trajectories written before
   python train.py --resume                           # go on from the last checkpoint in --output-dir
   python train.py --overwrite                        # start afresh where a previous run left its output
 
-The paper's sizes are the defaults for a real model on a GPU. For the tiny model, or without a GPU, they
-shrink to a demo that finishes in minutes: 2 tasks x 2 trajectories x 2 turns, 128-token replies, 3
-steps; with a GPU on the train split of tasks/ (CUDA kernels), without one on the two CPU-sized tasks in
-tests/tasks (C++ candidates evaluated on the CPU). Output: one JSON line of metrics per step (--log),
-checkpoints in --output-dir/checkpoints, the final model in --output-dir/final, and a table of the
-reward curve at the end. An --output-dir that holds a previous run is refused unless --resume continues
+With no --model, the policy is the small one warm-started on the kernel library (warm_start.policy: shipped for
+the CPU, else made once at the first run and cached in .cache/warm_start), trained on every task of the
+library (CUDA kernels on a GPU, C++ on the CPU) with 4 trajectories x 2 turns a task for 8 steps at lr 5e-5: a run
+of minutes whose score and share correct rise. The paper's sizes are the defaults for a real model on a GPU. For
+--model tiny (a smoke test: a random model writes junk, every score is 0), or without a GPU, they shrink to 2
+tasks x 2 trajectories x 2 turns, 128-token replies, 3 steps; with a GPU on the train split of tasks/, without
+one on the two CPU-sized tasks in tests/tasks. Output: one JSON line of metrics per step (--log), its learning
+curve beside it (the same name, .png), checkpoints in --output-dir/checkpoints, the final model in
+--output-dir/final, and a table of the reward curve at the end, each turn's score in a
+column. An --output-dir that holds a previous run is refused unless --resume continues
 it (from the latest checkpoint the metrics log reaches, the log cut back to it) or --overwrite deletes it.
 
 Simplifications, said out loud:
@@ -83,6 +88,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import reward
 from evaluate import EvalConfig
 from generate import Task, load_tasks, run_turns
+from kevin import learning_curves
 from kevin.batching import Sample, collate, put_logprob_head, reply_logprobs
 from kevin.backends import HFBackend, check_model, check_vllm
 from kevin.config_flags import add_config_flags, check, given_flags
@@ -94,9 +100,15 @@ from kevin.training import (UpdateMemory, clear_previous_run, is_sharded, load_p
 from kevin.vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 
 REPO = Path(__file__).resolve().parent
-# Sizes: the paper's for a real model on a GPU; a demo of minutes for the tiny model or on a CPU.
-PAPER_SIZES = {"tasks_per_step": 8, "n_trajectories": 16, "turns": 4, "max_tokens": 16384, "steps": 40}
-DEMO_SIZES = {"tasks_per_step": 2, "n_trajectories": 2, "turns": 2, "max_tokens": 128, "steps": 3}
+# Sizes: the paper's for a real model on a GPU; a smoke test of minutes for the tiny model or on a CPU.
+PAPER_SIZES = {"tasks_per_step": 8, "n_trajectories": 16, "turns": 4, "max_tokens": 16384, "steps": 40, "lr": 2e-6}
+DEMO_SIZES = {"tasks_per_step": 2, "n_trajectories": 2, "turns": 2, "max_tokens": 128, "steps": 3, "lr": 2e-6}
+# The default run (--model warm-start): the warm-started policy on every task of its library, 4 x 2 a task for 8 steps.
+# lr 5e-5, far above the paper's 2e-6 for a 32B model: the policy has ~0.7M parameters and 8 steps to move; on two
+# CPU cores score and share correct rose over the steps at it (docs/training.md), and much higher blurs the kernels
+# it memorised. fp32: bf16 rounding is as large as the updates of so small a model. max_tokens: its longest library
+# reply + 32, from the policy's warm_start.json.
+WARM_START_SIZES = {"n_trajectories": 4, "turns": 2, "steps": 8, "lr": 5e-5, "bf16": False}
 # Place: CUDA kernels on the shipped tasks with a GPU; C++ kernels on the two CPU-sized test tasks without.
 GPU_PLACE = {"tasks": "train", "eval_device": "cuda", "bf16": True}
 CPU_PLACE = {"tasks": str(REPO / "tests" / "tasks"), "eval_device": "cpu", "bf16": False}
@@ -330,7 +342,7 @@ def check_inputs(args: argparse.Namespace) -> None:
     if left and not (args.resume or args.overwrite):
         raise SystemExit(f"error: {', '.join(map(str, left))} from a previous run: pass --resume to continue it, "
                          "--overwrite to delete it and start afresh, or another --output-dir")
-    if args.model != "tiny":
+    if args.model != "tiny":  # warm-start is a folder by now
         check_model(args.model)
     if args.backend == "vllm":
         check_vllm()
@@ -344,6 +356,10 @@ def check_inputs(args: argparse.Namespace) -> None:
 @dataclass
 class TrainConfig(RolloutConfig):
     """The rollout settings (kevin/rollout_config.py), their sizes and place left to the machine, and training's own."""
+    model: str = "warm-start"
+    """the policy: 'warm-start', the small policy warm-started on solutions/warm_start/ (shipped for the CPU, else
+    made once and cached; warm_start.policy), trained on every task of its library; 'tiny', the bare random tiny
+    model (a smoke test: it writes junk, every score 0); or an HF id or local path"""
     tasks: str | None = None
     """task file, folder or split name of tasks/split.json (default: train with a GPU, tests/tasks without)"""
     n_trajectories: int | None = None
@@ -384,8 +400,8 @@ class TrainConfig(RolloutConfig):
     """steps (rollout + updates); default 40 with a GPU, 3 without; offline: all of the file"""
     updates_per_batch: int = 2
     """gradient steps per batch of rollouts"""
-    lr: float = 2e-6
-    """peak learning rate (AdamW)"""
+    lr: float | None = None
+    """peak learning rate (AdamW); default 2e-6 (the paper's), 5e-5 for the warm-started policy"""
     warmup_ratio: float = 0.03
     """share of all gradient steps spent warming up linearly"""
     weight_decay: float = 0.0
@@ -439,12 +455,25 @@ class TrainConfig(RolloutConfig):
 
 
 def filled_in(config: TrainConfig) -> TrainConfig:
-    """The defaults left None, in this one place: the paper's sizes for a real model on a GPU and a demo's
-    otherwise (offline, --steps stays None: all of the file), CUDA or C++ by whether there is a GPU, the log
-    in --output-dir."""
+    """The defaults left None, in this one place: the paper's sizes for a real model on a GPU and a smoke test's
+    for the tiny model or on a CPU (offline, --steps stays None: all of the file), CUDA or C++ by whether there is
+    a GPU, the log in --output-dir. --model warm-start becomes the warm-started policy's folder, for the kernels
+    evaluated (made here if neither cached nor shipped), with its own sizes and its library's tasks."""
     on_gpu = torch.cuda.is_available()
-    sizes = PAPER_SIZES if on_gpu and config.model != "tiny" else DEMO_SIZES
-    unset = {name: value for name, value in {**sizes, **(GPU_PLACE if on_gpu else CPU_PLACE)}.items()
+    place = GPU_PLACE if on_gpu else CPU_PLACE
+    if config.model == "warm-start":
+        import warm_start
+
+        device = config.eval_device or place["eval_device"]
+        model = warm_start.policy(device)
+        report = json.loads((model / "warm_start.json").read_text())
+        tasks = config.tasks or str(warm_start.DEFAULT_TASKS[device])
+        sizes = {**WARM_START_SIZES, "tasks_per_step": len(load_tasks(tasks, config.split)),
+                 "max_tokens": report["longest_reply_tokens"] + 32}
+        config = replace(config, model=str(model), tasks=tasks, eval_device=device)
+    else:
+        sizes = PAPER_SIZES if on_gpu and config.model != "tiny" else DEMO_SIZES
+    unset = {name: value for name, value in {**place, **sizes}.items()
              if getattr(config, name) is None and not (name == "steps" and config.rollouts)}
     return replace(config, **unset, log=config.log or str(Path(config.output_dir) / "metrics.jsonl"))
 
@@ -793,16 +822,25 @@ def main(argv=None) -> None:
     bar.close()
     save_final(run)
     run.accelerator.end_training()
-    run.accelerator.print(summary_table(history))
-    run.accelerator.print(f"metrics: {run.log_path}   model: {run.output_dir / 'final'}")
+    if run.accelerator.is_main_process:
+        print(summary_table(history))
+        model = Path(args.model)  # named inside the repository where it lies there
+        name = model.relative_to(REPO) if model.is_absolute() and model.is_relative_to(REPO) else model.name
+        curve = learning_curves.plot_run([json.loads(line) for line in run.log_path.read_text().splitlines()],
+                                         run.log_path.with_suffix(".png"), f"GRPO from {name}")
+        print(f"metrics: {run.log_path}   curve: {curve}   model: {run.output_dir / 'final'}")
 
 
 def summary_table(history: list[dict]) -> str:
-    """One row per step of this run: the reward curve and the signals that warn of collapse or junk."""
-    lines = [f"{'step':>4} {'score':>7} {'correct':>8} {'speedup':>8} {'zero-std':>9} {'entropy':>8} "
+    """One row per step of this run: the reward curve, each turn's mean score (a later turn reads the evaluator's
+    feedback on the earlier ones), and the signals that warn of collapse or junk."""
+    turns = learning_curves.turns_of(history)
+    lines = [f"{'step':>4} {'score':>7} " + "".join(f"{'turn ' + str(t):>7} " for t in turns) +
+             f"{'correct':>8} {'speedup':>8} {'zero-std':>9} {'entropy':>8} "
              f"{'other 1st word':>15} {'rep 4-grams':>12} {'grad norm':>10}"]
     for m in history:
-        lines.append(f"{m['step']:>4} {m['reward/score']:>7.3f} {m['reward/correct']:>8.0%} "
+        lines.append(f"{m['step']:>4} {m['reward/score']:>7.3f} "
+                     + "".join(f"{m[f'reward/score_turn{t}']:>7.3f} " for t in turns) + f"{m['reward/correct']:>8.0%} "
                      f"{m['reward/speedup']:>7.2f}x {m['reward/zero_std_tasks']:>9.0%} {m['train/entropy']:>8.3f} "
                      f"{m['junk/other_first_word']:>15.0%} {m['junk/repeated_4grams']:>12.0%} "
                      f"{m['train/grad_norm']:>10.4f}")

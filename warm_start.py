@@ -52,12 +52,17 @@ if __name__ == "__main__":
 
 import argparse
 import ast
+import fcntl
+import hashlib
 import itertools
 import json
 import math
+import os
 import random
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -81,7 +86,16 @@ from kevin.tiny_model import build_tiny_model, random_qwen2
 REPO = Path(__file__).resolve().parent
 LIBRARY = REPO / "solutions" / "warm_start"
 DEFAULT_TASKS = {"cuda": LIBRARY / "tasks", "cpu": REPO / "tests" / "tasks"}
+# Tasks held out of the warm start (no variant names them): other shapes of the library's operators, whose prompts
+# the policy has never seen; bench/kevin_table.py evaluates on them.
+HELDOUT_TASKS = {"cuda": LIBRARY / "heldout" / "cuda", "cpu": LIBRARY / "heldout" / "cpu"}
 CHECKPOINT = "checkpoint.pt"  # in --out until the run is done: what a re-run with the same --out goes on from
+# The small policy that `python train.py` starts from (policy()): 2 layers x 128 (~3 MB in fp32) memorise the
+# library in 40 epochs; 680 steps, ~12 minutes on two CPU cores, so the CPU's is shipped in SHIPPED/cpu.
+POLICY_SETTINGS = {"layers": 2, "hidden": 128, "epochs": 40, "lr": 3e-3, "turns": 4, "paths": 8, "batch_size": 4,
+                   "seed": 0}
+SHIPPED = LIBRARY / "policy"
+CACHE = REPO / ".cache" / "warm_start"
 
 
 # ---------------------------------------------------------------- the library
@@ -521,11 +535,75 @@ def run(args: WarmStartConfig, accelerator, checkpoint: dict) -> None:
             "loss_per_epoch": losses, "greedy_is_library": dict(zip((f"{p['task']} turn {p['turn']}"
                                                                      for p in prompts), greedy)),
             "sampling_check": check, "seconds": round(time.perf_counter() - started, 1), "args": {
-                k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+                k: shown(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
         write_outputs(args, model, tokenizer, variants, report)
         accelerator.print(summary_table(report))
         accelerator.print(f"model: {Path(args.out)}   report: {Path(args.out) / 'warm_start.json'}")
         (Path(args.out) / CHECKPOINT).unlink()  # the run is done: nothing to resume
+
+
+def shown(path: Path) -> str:
+    """A folder as a report names it: relative to the repository where it lies inside, so that no report names a
+    folder of the machine that made it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+# ---------------------------------------------------------------- the policy other stages start from
+def policy_key(config: WarmStartConfig) -> str:
+    """What decides the policy, as a folder name: the device, the size, and a hash of the training flags (the folders
+    left out) and of the bytes of every library and task file, so that an edited variant or task makes a new one."""
+    digest = hashlib.sha256(json.dumps({k: v for k, v in training_flags(config).items()
+                                        if k not in ("library", "tasks")}, sort_keys=True).encode())
+    for folder in (config.library, config.tasks):
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return f"{config.device}-{config.layers}x{config.hidden}-{digest.hexdigest()[:12]}"
+
+
+def is_policy(folder: Path, key: str) -> bool:
+    """A finished warm start made with these settings: its policy.json names the key."""
+    marker = folder / "policy.json"
+    return marker.exists() and json.loads(marker.read_text()).get("key") == key and (folder / "config.json").exists()
+
+
+def policy(device: str | None = None, **settings) -> Path:
+    """The warm-started small policy that `python train.py` trains by default: a folder with the model, its tokenizer
+    and warm_start.json. POLICY_SETTINGS, each overridable by a WarmStartConfig field in `settings`, decide it;
+    looked up by their key (policy_key) in .cache/warm_start/<key>, then in the shipped solutions/warm_start/policy/
+    <device>, else made once here by warm_start.py (no sampling check) and cached. Processes that ask at once
+    (ranks of one launch) wait on a lock for the one that makes it."""
+    config = WarmStartConfig(device=device, out="", check_samples=0, **{**POLICY_SETTINGS, **settings})
+    key = policy_key(config)
+    cached = CACHE / key
+    if is_policy(SHIPPED / config.device, key):
+        return SHIPPED / config.device
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_policy(cached, key):
+            make_policy(config, key, cached)
+    return cached
+
+
+def make_policy(config: WarmStartConfig, key: str, folder: Path) -> None:
+    """warm_start.py into `folder` with `config`'s flags, in a process of its own (its Accelerator must not join a
+    launch's process group), written beside it and renamed into place once whole; policy.json marks it done."""
+    partial = folder.with_name(folder.name + ".partial")  # an interrupted one resumes from its checkpoint
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(config).items() if k not in ("out", "check_samples")]
+    print(f"warm start: making the policy {key} once ({shown(folder)}; later runs reuse it)", file=sys.stderr)
+    launch = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launch and not k.startswith("ACCELERATE_")}
+    started_at = time.perf_counter()
+    done = subprocess.run([sys.executable, str(REPO / "warm_start.py"), *flags, "--check-samples", "0",
+                           "--out", str(partial)], env=env)
+    if done.returncode:
+        raise SystemExit(f"error: the warm start failed (exit status {done.returncode}); its output is above")
+    (partial / "policy.json").write_text(json.dumps({"key": key, "settings": training_flags(config) | {
+        "library": shown(config.library), "tasks": shown(config.tasks)}, "seconds": round(
+            time.perf_counter() - started_at, 1)}, indent=1))
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.replace(folder)
 
 
 def summary_table(report: dict) -> str:

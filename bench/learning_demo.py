@@ -20,10 +20,10 @@ the warm-started policy itself), end = the mean over the last --window steps. Th
 is far above the paper's 2e-6: the policy is a few million parameters and has a few steps; much higher
 and the updates blur the memorised kernels (entropy and new kernels rise). Runs go at once, up to
 --parallel, each on one GPU (round robin over the visible ones); a run whose metrics file is complete is
-not run again, and one that was cut short goes on from its last checkpoint (every 2 steps).
-Output in --out-dir: warm_start/ (the model), runs/<multi|single>_seed<k>/ (train.py's metrics, log,
-model), learning_demo.json (every number, and how many new kernels had to be compiled during GRPO)
-and learning_demo.png (score per step, score per turn).
+not run again, and one that was cut short goes on from its last checkpoint (every 2 steps). The warm start is
+warm_start.policy's, made once for its settings and cached in .cache/warm_start/. Output in --out-dir:
+runs/<multi|single>_seed<k>/ (train.py's metrics, log, model), learning_demo.json (every number, and how many
+new kernels had to be compiled during GRPO) and learning_demo.png (score per step, score per turn).
 """
 import argparse
 import json
@@ -37,6 +37,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BUILDS = REPO / ".cache" / "builds"  # evaluate.py's default build cache, which train.py uses
+sys.path.insert(0, str(REPO))
+from kevin.learning_curves import curves, mean, plot_steps, pyplot, turns_of  # noqa: E402
 
 
 def repo_relative(value):
@@ -53,11 +55,14 @@ def repo_relative(value):
 
 
 # ---------------------------------------------------------------- commands
-def warm_start_command(args, out: Path) -> list[str]:
-    return [sys.executable, str(REPO / "warm_start.py"), "--device", args.device, "--tasks", args.tasks,
-            "--library", args.library, "--turns", str(args.turns), "--epochs", str(args.ws_epochs),
-            "--layers", str(args.ws_layers), "--hidden", str(args.ws_hidden), "--lr", str(args.ws_lr),
-            "--check-samples", str(args.ws_check_samples), "--out", str(out)]
+def warm_started(args) -> Path:
+    """--warm-model, else warm_start.policy with the --ws-* settings: made once, then taken from its cache."""
+    if args.warm_model:
+        return Path(args.warm_model)
+    import warm_start
+
+    return warm_start.policy(args.device, library=Path(args.library), tasks=Path(args.tasks), turns=args.turns,
+                             epochs=args.ws_epochs, layers=args.ws_layers, hidden=args.ws_hidden, lr=args.ws_lr)
 
 
 def train_command(args, kind: str, seed: int, model: str, max_tokens: int, out: Path) -> list[str]:
@@ -77,24 +82,18 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------- summaries
-def mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else float("nan")
-
-
 def summarise(metrics: list[dict], window: int) -> dict:
-    """Start and end of one run: mean turn score, correctness and per-turn scores over the first and last `window` steps."""
+    """Start and end of one run: mean turn score, correctness and per-turn scores over the first and last `window`
+    steps, and its curves (kevin/learning_curves.py)."""
     first, last = metrics[:window], metrics[-window:]
-    turns = sorted(int(k.removeprefix("reward/score_turn")) for k in metrics[0] if k.startswith("reward/score_turn"))
+    turns = turns_of(metrics)
     return {"steps": len(metrics),
             "score_start": mean(m["reward/score"] for m in first), "score_end": mean(m["reward/score"] for m in last),
             "correct_start": mean(m["reward/correct"] for m in first),
             "correct_end": mean(m["reward/correct"] for m in last),
             "turn_start": [mean(m[f"reward/score_turn{t}"] for m in first) for t in turns],
             "turn_end": [mean(m[f"reward/score_turn{t}"] for m in last) for t in turns],
-            "score_per_step": [m["reward/score"] for m in metrics],
-            "correct_per_step": [m["reward/correct"] for m in metrics],
-            "turn_per_step": [[m[f"reward/score_turn{t}"] for t in turns] for m in metrics]}
+            **curves(metrics)}
 
 
 def table(runs: dict[str, dict], seeds: list[int]) -> str:
@@ -125,22 +124,11 @@ def table(runs: dict[str, dict], seeds: list[int]) -> str:
 def plot(runs: dict[str, dict], seeds: list[int], path: Path) -> None:
     """Mean turn score and share correct per step, multi- and single-turn, each seed thin and their mean
     thick; then the multi-turn policy's score per turn at the start and at the end, the single-turn end as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (score, correct, per_turn) = plt.subplots(1, 3, figsize=(15, 4))
     for ax, key, label in ((score, "score_per_step", "mean turn score"), (correct, "correct_per_step", "share correct")):
-        for kind, colour in (("multi", "tab:blue"), ("single", "tab:orange")):
-            curves = [runs[f"{kind}_seed{s}"][key] for s in seeds]
-            for curve in curves:
-                ax.plot(range(1, len(curve) + 1), curve, color=colour, alpha=0.3, linewidth=1)
-            steps = min(len(c) for c in curves)
-            ax.plot(range(1, steps + 1), [mean(c[i] for c in curves) for i in range(steps)], color=colour,
-                    linewidth=2.5, label=f"{kind}-turn (mean of {len(seeds)} seeds)")
-        ax.set(xlabel="GRPO step", ylabel=label, title=f"{label}, from the warm-started policy")
-        ax.legend()
+        plot_steps(ax, {f"{kind}-turn": [runs[f"{kind}_seed{s}"][key] for s in seeds] for kind in ("multi", "single")},
+                   label, f"{label}, from the warm-started policy")
     multi = [runs[f"multi_seed{s}"] for s in seeds]
     turns = range(1, len(multi[0]["turn_end"]) + 1)
     width = 0.38
@@ -209,7 +197,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ws-layers", type=int, default=4, help="warm start: transformer layers of the fresh model")
     p.add_argument("--ws-hidden", type=int, default=256, help="warm start: hidden size of the fresh model")
     p.add_argument("--ws-lr", type=float, default=3e-3, help="warm start: peak learning rate")
-    p.add_argument("--ws-check-samples", type=int, default=16, help="warm start: replies sampled per check prompt")
     # GRPO
     p.add_argument("--seeds", type=int, default=3, help="seeds, each with a multi-turn and a single-turn run")
     p.add_argument("--steps", type=int, default=6, help="GRPO steps per run")
@@ -233,7 +220,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.library = args.library or str(REPO / "solutions" / "warm_start" / args.device)
     args.tasks = args.tasks or str(REPO / ("solutions/warm_start/tasks" if args.device == "cuda" else "tests/tasks"))
     if args.tasks_per_step is None:
-        sys.path.insert(0, str(REPO))
         import evaluate
 
         args.tasks_per_step = len(evaluate.index_tasks(args.tasks))
@@ -260,10 +246,7 @@ def main(argv=None) -> None:
     started = time.time()
 
     # ------------------------------------------------ warm start, once
-    model = Path(args.warm_model or out / "warm_start")
-    if args.warm_model is None and not (model / "warm_start.json").exists():
-        print(f"warm start -> {model}", file=sys.stderr)
-        subprocess.run(warm_start_command(args, model), check=True)
+    model = warm_started(args)
     if not (model / "config.json").exists():
         raise SystemExit(f"--warm-model {model}: no model there (config.json)")
     report = model / "warm_start.json"

@@ -101,8 +101,8 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 def offline_args(rollouts: Path, out: Path) -> list[str]:
     """Two steps, of three tasks and of one (so with two processes a rank has nothing to train on at
     times); a large learning rate so that one update visibly moves the weights."""
-    return ["--rollouts", str(rollouts), "--output-dir", str(out), "--lr", "1e-3", "--max-tokens", "64",
-            "--tasks-per-step", "3", "--micro-batch-size", "2", "--save-every", "1"]
+    return ["--model", "tiny", "--rollouts", str(rollouts), "--output-dir", str(out), "--lr", "1e-3",
+            "--max-tokens", "64", "--tasks-per-step", "3", "--micro-batch-size", "2", "--save-every", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -445,9 +445,9 @@ def test_repeated_4grams_measure_loops():
 
 
 # ---------------------------------------------------------------- the script itself
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the default run takes the paper's sizes")
-def test_default_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp_path):
-    done = run_train("--output-dir", str(tmp_path))
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the tiny model takes the paper's sizes")
+def test_tiny_smoke_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp_path):
+    done = run_train("--model", "tiny", "--output-dir", str(tmp_path))
     log = read_log(tmp_path)
     assert [m["step"] for m in log] == [1, 2, 3]
     for m in log:
@@ -459,7 +459,8 @@ def test_default_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp
         assert 0 < m["time/generate_s"] <= m["time/rollout_s"] and m["time/update_s"] > 0
         assert m["time/build_s"] >= 0 and m["time/check_s"] >= 0 and m["time/push_s"] >= 0
         assert 0 < m["train/entropy"] < math.log(3000) and 0 < m["reply/tokens"] <= 128
-    assert "step   score  correct" in done.stdout and len(done.stdout.splitlines()) >= 4
+    assert "step   score  turn 1  turn 2  correct" in done.stdout and len(done.stdout.splitlines()) >= 4
+    assert (tmp_path / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the curve beside the metrics
     assert (tmp_path / "checkpoints" / "step_000003" / "trainer_state.json").exists()
     assert (tmp_path / "final" / "config.json").exists()
 
@@ -474,8 +475,9 @@ def test_zero3_with_the_optimizer_offloaded_trains_online_on_one_gpu(tmp_path):
     that moves weights under ZeRO-3.)"""
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(ROOT / "configs" / "deepspeed_zero3.yaml"), "--num_processes", "1"]
-    done = run_train("--steps", "2", "--tasks-per-step", "2", "--n-trajectories", "2", "--turns", "1",
-                     "--max-tokens", "64", "--lr", "1e-3", "--output-dir", str(tmp_path), launcher=launcher, timeout=900)
+    done = run_train("--model", "tiny", "--steps", "2", "--tasks-per-step", "2", "--n-trajectories", "2",
+                     "--turns", "1", "--max-tokens", "64", "--lr", "1e-3", "--output-dir", str(tmp_path),
+                     launcher=launcher, timeout=900)
     log = read_log(tmp_path)
     assert [m["step"] for m in log] == [1, 2]
     assert all(math.isfinite(m["train/loss"]) and math.isfinite(m["train/grad_norm"]) for m in log)
@@ -487,8 +489,8 @@ def test_zero3_with_the_optimizer_offloaded_trains_online_on_one_gpu(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_online_steps_on_the_gpu_roll_out_evaluate_and_log(tmp_path):
     """The tiny model on the GPU, CUDA evaluation of its replies, shrunk sizes: the loop, not learning."""
-    run_train("--steps", "2", "--tasks-per-step", "2", "--n-trajectories", "2", "--turns", "2", "--max-tokens", "64",
-              "--output-dir", str(tmp_path), timeout=900)
+    run_train("--model", "tiny", "--steps", "2", "--tasks-per-step", "2", "--n-trajectories", "2", "--turns", "2",
+              "--max-tokens", "64", "--output-dir", str(tmp_path), timeout=900)
     log = read_log(tmp_path)
     assert [m["step"] for m in log] == [1, 2] and all(m["samples"] == 2 * 2 * 2 for m in log)
     assert all(0 < m["train/entropy"] and "reward/correct_turn2" in m for m in log)
@@ -533,7 +535,7 @@ def test_two_processes_apply_the_same_update_as_one_process(tmp_path, rollouts, 
 def test_two_processes_roll_out_and_evaluate_their_own_tasks_online(tmp_path):
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
                 "--num_processes", "2"]
-    run_train("--steps", "2", "--max-tokens", "32", "--output-dir", str(tmp_path), launcher=launcher)
+    run_train("--model", "tiny", "--steps", "2", "--max-tokens", "32", "--output-dir", str(tmp_path), launcher=launcher)
     log = read_log(tmp_path)
     assert [m["step"] for m in log] == [1, 2]
     for m in log:  # one task per rank, every rank's samples gathered into the metrics
@@ -615,7 +617,7 @@ def test_beta_adds_a_kl_penalty_once_the_policy_has_moved(tmp_path, rollouts):
 
 
 def test_paper_defaults_and_the_gpu_sizes():
-    args = train.parse_args([])
+    args = train.parse_args(["--model", "tiny"])
     assert (args.eps_low, args.eps_high, args.beta, args.lr, args.warmup_ratio) == (0.2, 0.28, 0.0, 2e-6, 0.03)
     assert (args.max_grad_norm, args.updates_per_batch, args.temperature, args.reward.gamma) == (0.05, 2, 0.9, 0.4)
     assert (args.reward.correct_weight, args.reward.speedup_weight, args.reward.return_mode,
@@ -627,6 +629,29 @@ def test_paper_defaults_and_the_gpu_sizes():
     assert (paper["tasks_per_step"], paper["n_trajectories"], paper["turns"], paper["max_tokens"]) == (8, 16, 4, 16384)
     # The tiny model gets the demo's sizes wherever it runs (minutes, not the paper's hours).
     assert (args.tasks_per_step, args.n_trajectories, args.turns, args.steps) == (2, 2, 2, 3)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the default policy is the CUDA one, made there")
+def test_with_no_flags_the_shipped_warm_started_policy_trains_on_every_task_of_its_library():
+    args = train.parse_args([])
+    report = json.loads((Path(args.model) / "warm_start.json").read_text())
+    assert Path(args.model) == ROOT / "solutions" / "warm_start" / "policy" / "cpu"
+    assert (args.tasks, args.eval_device, args.tasks_per_step) == (str(ROOT / "tests" / "tasks"), "cpu", 2)
+    assert (args.n_trajectories, args.turns, args.steps, args.lr, args.bf16) == (4, 2, 8, 5e-5, False)
+    assert args.max_tokens == report["longest_reply_tokens"] + 32
+    # a flag given still wins over the warm start's sizes
+    assert (train.parse_args(["--lr", "1e-5", "--steps", "2"]).lr, train.parse_args(["--steps", "2"]).steps) == (
+        1e-5, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the default policy is the CUDA one, made there")
+def test_the_default_run_trains_the_warm_started_policy_on_real_evaluations(tmp_path):
+    """`python train.py` cut to one short step: the warm-started policy writes kernels that compile."""
+    done = run_train("--steps", "1", "--n-trajectories", "2", "--turns", "1", "--output-dir", str(tmp_path))
+    [m] = read_log(tmp_path)
+    assert sorted(m["tasks"]) == ["level1/7_ReLU", "level1/9_Swish"] and m["reward/compiled"] > 0
+    assert "step   score  turn 1  correct" in done.stdout and (tmp_path / "metrics.png").exists()
 
 
 def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):

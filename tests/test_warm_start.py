@@ -189,3 +189,77 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
     assert cfg.tasks == ws.DEFAULT_TASKS["cpu"]
     with pytest.raises(SystemExit, match="^error: --batch-size must be at least 1$"):
         ws.parse_args(["--device", "cpu", "--batch-size", "0", "--out", "o"])
+
+
+# ---------------------------------------------------------------- the policy train.py starts from
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_held_out_tasks_are_in_no_warm_start_example(device):
+    """No library variant names a held-out task, and none is a training task under another name."""
+    held_out = load_tasks(str(ws.HELDOUT_TASKS[device]), None)
+    trained = load_tasks(str(ws.DEFAULT_TASKS[device]), None)
+    assert held_out and {t.id for t in held_out}.isdisjoint({v["task"] for v in ws.load_library(LIBRARIES[device])})
+    assert {t.source for t in held_out}.isdisjoint({t.source for t in trained})
+
+
+def test_the_policy_key_changes_with_a_setting_or_a_library_file_and_with_nothing_else(tmp_path):
+    library = tmp_path / "library"
+    shutil.copytree(LIBRARIES["cpu"], library)
+    config = ws.WarmStartConfig(device="cpu", library=library, out="a", **ws.POLICY_SETTINGS)
+    key = ws.policy_key(config)
+    assert key.startswith("cpu-2x128-")
+    assert ws.policy_key(ws.WarmStartConfig(device="cpu", library=library, out="b", check_samples=3,
+                                            **ws.POLICY_SETTINGS)) == key  # where it goes and its check: no matter
+    assert ws.policy_key(ws.WarmStartConfig(device="cpu", library=library, out="a",
+                                            **{**ws.POLICY_SETTINGS, "epochs": 41})) != key
+    variant = next(library.rglob("*.py"))
+    variant.write_text(variant.read_text() + "\n")
+    assert ws.policy_key(config) != key
+
+
+def test_the_policy_is_made_once_then_taken_from_its_cache(tmp_path, monkeypatch):
+    made = []
+
+    def fake_make(config, key, folder):
+        made.append(key)
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "policy.json").write_text(json.dumps({"key": key}))
+
+    monkeypatch.setattr(ws, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(ws, "SHIPPED", tmp_path / "shipped")  # none shipped
+    monkeypatch.setattr(ws, "make_policy", fake_make)
+    first = ws.policy("cpu")
+    assert first.parent == tmp_path / "cache" and first.name == made[0]
+    assert ws.policy("cpu") == first and len(made) == 1
+    assert ws.policy("cpu", epochs=2) != first and len(made) == 2  # other settings: another policy
+
+
+def test_a_missing_policy_is_made_by_warm_start_py_into_the_cache_and_names_no_folder_of_the_machine(tmp_path,
+                                                                                                     monkeypatch):
+    """One variant, turn-1 examples only, one epoch of a 1 x 64 model: the real subprocess, seconds."""
+    library = tmp_path / "library" / "level1"
+    library.mkdir(parents=True)
+    shutil.copy(LIBRARIES["cpu"] / "level1" / "7_ReLU.correct_vectorised.py", library)
+    monkeypatch.setattr(ws, "CACHE", tmp_path / "cache")
+    settings = {"library": library.parent, "turns": 1, "epochs": 1, "layers": 1, "hidden": 64, "batch_size": 1}
+    made = ws.policy("cpu", **settings)
+    assert made.parent == tmp_path / "cache" and (made / "model.safetensors").exists()
+    marker = json.loads((made / "policy.json").read_text())
+    assert marker["key"] == made.name and marker["settings"]["tasks"] == "tests/tasks"
+    assert not list((tmp_path / "cache").glob("*.partial"))
+    stamp = (made / "policy.json").stat().st_mtime_ns
+    assert ws.policy("cpu", **settings) == made and (made / "policy.json").stat().st_mtime_ns == stamp
+
+
+def test_the_shipped_cpu_policy_is_small_loads_and_is_the_one_the_library_asks_for():
+    """A fresh clone's `python train.py` on the CPU starts from it without training a warm start first."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shipped = ws.SHIPPED / "cpu"
+    assert sum(f.stat().st_size for f in shipped.rglob("*") if f.is_file()) < 5 * 2 ** 20
+    assert ws.policy("cpu") == shipped  # its key is that of the library, tasks and settings of today
+    model = AutoModelForCausalLM.from_pretrained(shipped)
+    assert (model.config.num_hidden_layers, model.config.hidden_size) == (2, 128)
+    assert AutoTokenizer.from_pretrained(shipped).eos_token == "<|im_end|>"
+    report = json.loads((shipped / "warm_start.json").read_text())
+    assert not any(str(v).startswith("/") for v in report["args"].values())  # names no folder of the machine
