@@ -83,6 +83,7 @@ from kevin.static_rules import RULE_PROFILES, extract_code, kernel_names, reject
 
 ROOT = Path(__file__).resolve().parent
 STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
+RUNNER_GRACE_S = 5.0  # how long past the judge's deadline the runner is served before it is stopped as well
 
 
 @dataclass
@@ -679,8 +680,10 @@ class Evaluator:
         judge_child, runner = pair
         payload = _run_payload(self.cfg, task_path, candidate, kernels, device)
         ran: dict = {}
+        # the runner's own deadline comes after the judge's: a judge that times out reads the runner's CPU time
+        # before it is stopped (with equal deadlines, a loaded host often stopped the runner first: no number)
         serving = threading.Thread(target=lambda: ran.update(finish_child(
-            runner, payload, self.cfg.run_timeout_s, serve=self.cache.request)), daemon=True)
+            runner, payload, self.cfg.run_timeout_s + RUNNER_GRACE_S, serve=self.cache.request)), daemon=True)
         serving.start()
         outcome = finish_child(judge_child, {**payload, "runner_pid": runner[0].pid}, self.cfg.run_timeout_s)
         cpu_s = cpu_seconds(runner[0].pid)
