@@ -675,26 +675,29 @@ class Evaluator:
     def judge_candidate(self, pair: tuple, task_path: str, candidate: str, kernels: list[str],
                         device: str) -> tuple[dict, float | None]:
         """(the verdict, the runner's CPU seconds): the judge's, or where the runner died, timed out or was killed
-        by the sandbox, what its exit says. The runner's own answer to this process is never read as a result. Its
-        CPU seconds are read from /proc as the judge ends, before it is stopped (None for one gone by then)."""
+        by the sandbox, what its exit says. The runner's own answer to this process is never read as a result, nor
+        ends it: the judge alone does (a candidate that writes a forged answer here, then the judge's socket, is
+        read there). Its CPU seconds are read from /proc as the judge ends, before it is stopped (None for one gone
+        by then)."""
         judge_child, runner = pair
         payload = _run_payload(self.cfg, task_path, candidate, kernels, device)
         ran: dict = {}
         # the runner's own deadline comes after the judge's: a judge that times out reads the runner's CPU time
         # before it is stopped (with equal deadlines, a loaded host often stopped the runner first: no number)
         serving = threading.Thread(target=lambda: ran.update(finish_child(
-            runner, payload, self.cfg.run_timeout_s + RUNNER_GRACE_S, serve=self.cache.request)), daemon=True)
+            runner, payload, self.cfg.run_timeout_s + RUNNER_GRACE_S, serve=self.cache.request,
+            stop_on_result=False)), daemon=True)
         serving.start()
         outcome = finish_child(judge_child, {**payload, "runner_pid": runner[0].pid}, self.cfg.run_timeout_s)
         cpu_s = cpu_seconds(runner[0].pid)
         if outcome.get("timeout"):  # the judge waited on a runner that never answered
             stop_child(runner)
-        elif outcome.get("runner_gone"):  # what the runner's exit says, or its own last word (it can only fail)
+            return outcome, cpu_s
+        if outcome.get("runner_gone"):  # what the runner's exit says, or its own last word (it can only fail)
             serving.join(timeout=5.0)
             outcome = {**ran, "ready_at": outcome.get("ready_at")} if {"crash", "timeout", "error"} & ran.keys() \
                 else {"crash": "the process exited before it answered", "log": ""}
-        else:
-            stop_child_later(runner)
+        stop_child_later(runner)
         return outcome, cpu_s
 
     def run_queued(self, device: str) -> None:

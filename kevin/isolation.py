@@ -175,11 +175,12 @@ def peers() -> tuple:
     return _mp_context().Pipe()
 
 
-def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None) -> dict:
+def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None, stop_on_result: bool = True) -> dict:
     """Give a started child its payload and wait; {'timeout': True}, {'crash': ..., 'signal': ...} or the
     child's own result dict. Its requests are answered by `serve(request)` meanwhile, and the time spent
     answering is not the child's: it is not counted against `timeout_s`. A reply {'timeout': True} from
-    `serve` ends the child as timed out."""
+    `serve` ends the child as timed out. Without `stop_on_result` a child that answers is left to the caller
+    to stop: one whose answer is no result (it may be forged) must not be ended by it."""
     child, conn, log_path, *_ = started
     result, timed_out, deadline = None, False, time.monotonic() + timeout_s
     try:
@@ -209,7 +210,8 @@ def finish_child(started: tuple, payload: dict, timeout_s: float, serve=None) ->
     finally:
         conn.close()
     if result is not None:
-        stop_child_later(started)
+        if stop_on_result:
+            stop_child_later(started)
         return result
     child.join(timeout=0.5)  # dying: its exit code says how
     stop_child(started)

@@ -1,7 +1,9 @@
 """Does no work (its output is zeros) and, on its first call, writes a made-up result on every socket it has
 (fds 3..1023 that fstat calls sockets), framed as multiprocessing's Connection.send_bytes frames them (a 4-byte
 big-endian length, then the bytes): one message of perfect measurements and a 10,000x speedup, one of a
-verdict. The judge's socket is among them: its next answer does not echo the judge's request number."""
+verdict. It sleeps 0.3 s after each socket, as a process descheduled between two writes would (whoever reads a
+socket first must not end it before the others are written). The judge's socket is among them: its next answer does
+not echo the judge's request number."""
 import torch
 from torch.utils.cpp_extension import load_inline
 
@@ -9,6 +11,7 @@ source = """
 #include <arpa/inet.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <cstring>
 #include <string>
 
@@ -35,6 +38,7 @@ int64_t forge_on_every_socket() {
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
         for (const char* message : FORGED) sent += send_frame(fd, message);
+        usleep(300000);
     }
     return sent;
 }

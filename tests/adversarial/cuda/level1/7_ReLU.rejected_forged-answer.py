@@ -2,7 +2,8 @@
 made-up result (a 1000x speedup, correct, every reference time tiny enough to pass a comparison with a clean
 process) onto every socket it holds, in multiprocessing's framing (a 4-byte big-endian length, then the JSON),
 so whoever reads that socket next takes it for the child's verdict. Its kernel computes nothing (zeros). The
-judge's socket is among them: its next answer does not echo the judge's request number."""
+judge's socket is among them: its next answer does not echo the judge's request number. It sleeps 0.3 s after
+each socket, as a process descheduled between two writes would."""
 import torch
 from torch.utils.cpp_extension import load_inline
 
@@ -58,6 +59,7 @@ int forge_on_every_socket() {
         write_all(fd, header, sizeof(header));
         write_all(fd, kForged, n);
         ++forged;
+        usleep(300000);  // as if descheduled: whoever reads first must not end this process
     }
     return forged;
 }
