@@ -554,16 +554,17 @@ def test_name_only_copies_share_a_build_and_main_cpp_uses_the_light_header_preco
     assert check.returncode == 0 and f"! {pch[0]}" in check.stderr.splitlines(), check.stderr[:2000]
 
 
-def test_a_copy_waiting_for_its_build_gives_its_compile_slot_to_the_next_candidate(tmp_path):
+def test_a_copy_waiting_for_its_build_gives_its_compile_slot_to_the_next_candidate(tmp_path, new_build_dir):
     """Two compile slots, three candidates in this order: a kernel, a copy of it under another extension
     name (one build for both), another task's kernel. The copy finds its build under way and gives its slot
     back, so the third starts building before the shared build is done (holding the slot, it would start
     after). All three are correct."""
     relu, copy = cpu_solution("correct_loop"), cpu_solution("correct_loop", name="relu_loop_again")
     swish = cpu_solution("correct_fused")
-    results = ev.evaluate([relu, copy, swish], ev.EvalConfig(**dict(CPU, build_dir=str(tmp_path), compile_workers=2)))
+    builds = new_build_dir(tmp_path)
+    results = ev.evaluate([relu, copy, swish], ev.EvalConfig(**dict(CPU, build_dir=str(builds), compile_workers=2)))
     assert [e["status"] for e in results] == ["correct"] * 3, [e["feedback"] for e in results]
-    folders = [f.parent for f in tmp_path.glob("*/build.ninja")]
+    folders = [f.parent for f in builds.glob("*/build.ninja")]
     assert len(folders) == 2
     swish_folder = next(f for f in folders if "swish" in (f / "main.cpp").read_text())
     relu_folder = next(f for f in folders if f != swish_folder)

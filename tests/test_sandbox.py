@@ -164,10 +164,10 @@ def attack_run(folder: Path, device: str, attacks: tuple[str, ...], build_dir: P
                 build_dir=build_dir, shared_objects={f: f.read_bytes()[:4] for f in build_dir.rglob("*.so")})
 
 
-def attack_runs(folder: Path, device: str, workers: int) -> dict[str, dict]:
+def attack_runs(folder: Path, device: str, workers: int, build_dir: Path) -> dict[str, dict]:
     """RUNS, one after the other over one build cache, the second with `workers` builds at once; the second
     run's honest candidates are the first run's second run over the cache."""
-    build_dir = (folder / "builds").resolve()
+    build_dir = build_dir.resolve()
     delete = attack_run(folder / "delete", device, RUNS["delete"], build_dir, again=False)
     separable = attack_run(folder / "separable", device, RUNS["separable"], build_dir, again=True, workers=workers)
     delete.update(again_records=honest_ones(separable["records"]), again_rows=honest_ones(separable["rows"]))
@@ -191,8 +191,9 @@ def assert_stopped(result: dict) -> None:
 # ------------------------------------------------------------------------------------------- CPU, unboxed?
 
 @pytest.fixture(scope="module")
-def cpu_runs(tmp_path_factory):
-    return attack_runs(tmp_path_factory.mktemp("cpu"), "cpu", workers=1)
+def cpu_runs(tmp_path_factory, new_build_dir):
+    folder = tmp_path_factory.mktemp("cpu")
+    return attack_runs(folder, "cpu", workers=1, build_dir=new_build_dir(folder / "builds"))
 
 
 @pytest.fixture(scope="module")
@@ -253,10 +254,10 @@ def test_a_candidate_cannot_delete_the_build_cache(delete):
 
 
 @pytest.mark.parametrize("what", [w for attacks in RUNS.values() for w in attacks])
-def test_each_attacker_is_stopped_and_its_honest_neighbours_are_correct(what, request):
+def test_each_attacker_is_stopped_and_its_honest_neighbours_are_correct(what, cpu_runs):
     """The attacker's status says it was stopped (not `correct`, with the refusal in its feedback); the honest
     candidates just before and after it in the same run are still correct."""
-    run = request.getfixturevalue(next(name for name, attacks in RUNS.items() if what in attacks))
+    run = cpu_runs[next(name for name, attacks in RUNS.items() if what in attacks)]
     by_id = {r.get("id"): r["eval"] for r in run["rows"]}
     assert what in by_id, f"no result for {what}: {run['done'].stderr[-3000:]}"
     assert_stopped(by_id[what])
@@ -267,7 +268,7 @@ def test_each_attacker_is_stopped_and_its_honest_neighbours_are_correct(what, re
 
 # ------------------------------------------------------------------------------- the control: unboxed
 
-def test_unboxed_the_evaluate_py_attack_does_change_evaluate_py(tmp_path):
+def test_unboxed_the_evaluate_py_attack_does_change_evaluate_py(tmp_path, new_build_dir):
     """The control: with the sandbox turned off, the same template does append to the copied evaluate.py, so
     the tests above test a real attack (and the copy is what it damages, not the checkout)."""
     project = copy_project(tmp_path)
@@ -277,7 +278,8 @@ def test_unboxed_the_evaluate_py_attack_does_change_evaluate_py(tmp_path):
     before = (project / "evaluate.py").read_bytes()
     records = [{"task": TASK, "code": attack("cpu", "append_evaluate_py", evaluate_py=str(project / "evaluate.py")),
                 "id": "append_evaluate_py"}]
-    done, rows = run_cli(project, records, tmp_path / "out.jsonl", tmp_path / "builds", "cpu", "--sandbox", "off")
+    done, rows = run_cli(project, records, tmp_path / "out.jsonl", new_build_dir(tmp_path / "builds"), "cpu",
+                         "--sandbox", "off")
     assert done.returncode == 0, done.stderr[-3000:]
     after = (project / "evaluate.py").read_bytes()
     assert after != before and after.startswith(before) and b"# appended by a candidate" in after[len(before):]
@@ -289,7 +291,8 @@ def test_unboxed_the_evaluate_py_attack_does_change_evaluate_py(tmp_path):
 
 @pytest.fixture(scope="module")
 def cuda_runs(tmp_path_factory):
-    return attack_runs(tmp_path_factory.mktemp("cuda"), "cuda", workers=len(RUNS["separable"]))
+    folder = tmp_path_factory.mktemp("cuda")
+    return attack_runs(folder, "cuda", workers=len(RUNS["separable"]), build_dir=folder / "builds")
 
 
 @pytest.mark.gpu
@@ -330,7 +333,7 @@ def test_strict_refuses_a_kernel_that_lacks_a_mechanism(monkeypatch):
         ev.sandbox_mechanisms("strict")
 
 
-def test_a_helper_process_is_killed_at_the_fork_and_dev_shm_is_no_channel_between_candidates(tmp_path):
+def test_a_helper_process_is_killed_at_the_fork_and_dev_shm_is_no_channel_between_candidates(tmp_path, new_build_dir):
     """Through the CLI on the CPU: a candidate that starts a process to outlive its child is rejected under
     [sandbox] and its helper never writes its marker; a candidate that leaves a message in /dev/shm and one,
     evaluated after it, that looks for it are both correct (each child has a /dev/shm of its own), and the
@@ -340,7 +343,7 @@ def test_a_helper_process_is_killed_at_the_fork_and_dev_shm_is_no_channel_betwee
     records = [{"task": TASK, "code": attack("cpu", "start_process", marker=str(marker)), "id": "start_process"},
                {"task": TASK, "code": attack("cpu", "shm_write", name=name), "id": "shm_write"},
                {"task": TASK, "code": attack("cpu", "shm_read", name=name), "id": "shm_read"}]
-    done, rows = run_cli(project, records, tmp_path / "out.jsonl", tmp_path / "builds", "cpu")
+    done, rows = run_cli(project, records, tmp_path / "out.jsonl", new_build_dir(tmp_path / "builds"), "cpu")
     assert done.returncode == 0, done.stderr
     got = {row["id"]: row["eval"] for row in rows}
     assert got["start_process"]["status"] == "rejected" and "[sandbox]" in got["start_process"]["feedback"]
