@@ -36,20 +36,24 @@ def solution(stem: str, name: str | None = None) -> dict:
 
 
 @slow
-def test_a_changed_library_light_header_or_precompiled_header_is_made_again_not_loaded(tmp_path):
+def test_a_changed_library_light_header_or_precompiled_header_is_made_again_not_loaded(tmp_path, new_build_dir):
     """After a first run, what a candidate (or a run with `--sandbox off`) could leave in the cache: a library, the
-    light torch/types.h that every build includes and its precompiled header, each overwritten. A later run
-    builds the library again rather than load it, writes the header's text back before a build reads it, and
-    makes the precompiled header again; both candidates are correct."""
-    cfg = ev.EvalConfig(**dict(CPU, build_dir=str(tmp_path)))
+    light torch/types.h that every build includes and its precompiled header, each replaced (the cache reads
+    their contents; the headers' old files are links other tests read). A later run builds the library again
+    rather than load it, writes the header's text back before a build reads it, and makes the precompiled header
+    again; both candidates are correct."""
+    builds = new_build_dir(tmp_path)
+    cfg = ev.EvalConfig(**dict(CPU, build_dir=str(builds)))
     assert [e["status"] for e in ev.evaluate([solution("7_ReLU.correct_loop")], cfg)] == ["correct"]
-    [library] = [p for p in tmp_path.glob("*/*.so")]
-    [light] = (tmp_path / "light").iterdir()
+    [library] = [p for p in builds.glob("*/*.so")]
+    [light] = (builds / "light").iterdir()
     types_h, pch = light / "torch" / "types.h", light / "torch" / "extension.h.gch"
     assert build_cache._matches_digest(library) and build_cache._matches_digest(pch)
-    library.write_bytes(b"a library a candidate wrote: loading it would run its code")
-    types_h.write_text('#error "what a compile child left for the next build to include"\n')
-    pch.write_bytes(b"a header a candidate wrote: every later build would include it")
+    for path, text in ((library, b"a library a candidate wrote: loading it would run its code"),
+                       (types_h, b'#error "what a compile child left for the next build to include"\n'),
+                       (pch, b"a header a candidate wrote: every later build would include it")):
+        path.unlink()
+        path.write_bytes(text)
 
     later = ev.evaluate([solution("7_ReLU.correct_loop", name="relu_again"), solution("9_Swish.correct_fused")], cfg)
     assert [e["status"] for e in later] == ["correct", "correct"], [e["feedback"] for e in later]
