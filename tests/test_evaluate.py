@@ -523,31 +523,31 @@ def test_cli_reads_stdin(cpu_results):
     assert json.loads(result.stdout)["eval"]["status"] == "format_error"
 
 
-def test_name_only_copies_share_a_build_and_main_cpp_uses_the_light_header_precompiled_by_the_first(tmp_path):
-    """The first build leaves the light torch/extension.h precompiled behind. A copy that differs only in its
-    extension's name loads that build; a source that spells its name out (its own PYBIND11_MODULE, which the
-    light header does not promise) is built as written under that name. A later build with the first one's
-    flags compiles main.cpp against the precompiled header (gcc -H marks a header it used precompiled with
-    '!'). All are correct."""
+def test_name_only_copies_share_a_build_and_main_cpp_uses_the_precompiled_light_header(tmp_path, new_build_dir):
+    """A copy that differs only in its extension's name loads the first one's build; a source that spells its
+    name out (its own PYBIND11_MODULE, which the light header does not promise) is built as written under that
+    name. A build with the light header's flags compiles main.cpp against its precompiled form (gcc -H marks a
+    header it used precompiled with '!'; how that is made: test_build_cache.py). All are correct."""
     correct, renamed = cpu_solution("correct_loop"), cpu_solution("correct_loop", name="relu_loop_again")
     own_module = {**correct, "code": correct["code"].replace(
         '}\n"""\nrelu_ext', '}\nPYBIND11_MODULE(relu_own_module, m) { m.def("relu", &relu); }\n"""\nrelu_ext').replace(
         'name="relu_loop", cpp_sources=source, functions=["relu"]', 'name="relu_own_module", cpp_sources=source')}
     assert "PYBIND11_MODULE" in own_module["code"] and "functions=" not in own_module["code"]
     other = cpu_solution("correct_fused")
-    cfg = ev.EvalConfig(**dict(CPU, build_dir=str(tmp_path)))
+    builds = new_build_dir(tmp_path)
+    cfg = ev.EvalConfig(**dict(CPU, build_dir=str(builds)))
     first = ev.evaluate([correct], cfg)
-    pch = list(tmp_path.glob("light/*/torch/extension.h.gch"))
+    pch = list(builds.glob("light/*/torch/extension.h.gch"))
     assert len(pch) == 1
     later = ev.evaluate([renamed, own_module, other], cfg)
     assert [e["status"] for e in first + later] == ["correct"] * 4, [e["feedback"] for e in first + later]
-    builds = {f.parent: f.read_text() for f in tmp_path.glob("*/build.ninja")}
-    assert len(builds) == 3 and not any("relu_loop" in text for text in builds.values())
+    ninjas = {f.parent: f.read_text() for f in builds.glob("*/build.ninja")}
+    assert len(ninjas) == 3 and not any("relu_loop" in text for text in ninjas.values())
     took_light = {"TORCH_EXTENSION_NAME=relu_own_module " in text + " ":
-                  json.loads((folder / "shortcuts.json").read_text())["light"] for folder, text in builds.items()}
+                  json.loads((folder / "shortcuts.json").read_text())["light"] for folder, text in ninjas.items()}
     assert took_light == {True: False, False: True}
-    folder = next(f for f, text in builds.items() if "swish" in (f / "main.cpp").read_text())
-    flags = re.search(r"^cflags = (.*)$", builds[folder], re.M).group(1)
+    folder = next(f for f, text in ninjas.items() if "swish" in (f / "main.cpp").read_text())
+    flags = re.search(r"^cflags = (.*)$", ninjas[folder], re.M).group(1)
     assert f"-I{pch[0].parent.parent}" in flags
     check = subprocess.run(["c++", *shlex.split(flags), "-H", "-fsyntax-only", str(folder / "main.cpp")],
                            capture_output=True, text=True)

@@ -126,7 +126,7 @@ def run_cli(project: Path, records: list[dict], out: Path, build_dir: Path, devi
     source.write_text("".join(json.dumps(r) + "\n" for r in records))
     done = subprocess.run(
         [sys.executable, "evaluate.py", str(source), "-o", str(out), "--device", device, "--tasks", "tests/tasks",
-         "--build-dir", str(build_dir), "--run-timeout-s", "60", "--timing-budget-s", "1",
+         "--build-dir", str(build_dir), "--run-timeout-s", "60", "--timing-budget-s", "0",
          "--compile-workers", str(workers), "--no-progress", *extra],
         cwd=project, capture_output=True, text=True, timeout=900)
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
