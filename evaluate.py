@@ -78,7 +78,7 @@ from kevin.eval_records import already_written, library_records, open_output, re
 from kevin.isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
                              start_fork_server, stop_child, stop_child_later, stop_every_child)
 from kevin.judge import judge
-from kevin.run_child import import_file, run
+from kevin.run_child import build_candidate, run
 from kevin.static_rules import RULE_PROFILES, extract_code, kernel_names, rejection, static_check
 
 ROOT = Path(__file__).resolve().parent
@@ -226,13 +226,6 @@ def resolve_task(task: str, index: dict[str, Path]) -> Path:
 # ----------------------------------------------------------------------------------------------------
 # The build child's job (run in kevin/isolation.py's children; the judge's and the runner's are kevin/judge.py's and
 # kevin/run_child.py's; the static rules before them all are in kevin/static_rules.py)
-
-
-def _build(payload: dict) -> dict:
-    """Import the candidate, whose load_inline has the evaluator build its extensions (or finds them built)."""
-    start = time.perf_counter()
-    import_file(payload["candidate"], "candidate")
-    return {"seconds": time.perf_counter() - start}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -654,7 +647,7 @@ class Evaluator:
             if self.stopping:
                 return
             with self.busy["build"]():
-                outcome = run_in_child(_build, {"candidate": candidate}, self.settings["build"],
+                outcome = run_in_child(build_candidate, {"candidate": candidate}, self.settings["build"],
                                        self.cfg.compile_timeout_s, str(Path(candidate).with_name("build.log")),
                                        serve=self.cache.request)
         outcome["cpu_s"] = _number(outcome.get("cpu_s")) + self.cache.compile_cpu_s()

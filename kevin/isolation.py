@@ -10,6 +10,7 @@ reference (a module-level function, pickled by name), so this module knows nothi
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import multiprocessing as mp
@@ -25,6 +26,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 
 from kevin import sandbox
@@ -150,6 +152,25 @@ def _warm_up(device: str) -> None:
     torch.zeros(1, device=device)
 
 
+_STARTING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _caller_script_hidden():
+    """multiprocessing has a forkserver child run the caller's script again (as __mp_main__) before its target,
+    unless __main__ names no file. A child here needs none of it (its job is a function of this package), and
+    it would cost seconds of imports a child (train.py's transformers and accelerate), and a thread one of them
+    starts would make the sandbox's new user namespace impossible (unshare refuses a process of two threads):
+    so a child starts with a stand-in __main__. A job defined in the script is then a pickling error here."""
+    with _STARTING:
+        script = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = script
+
+
 def start_child(job, settings: ChildSettings, log_path: str, device: str | None = None,
                 writable: list[str] = (), peer=None) -> tuple:
     """A fresh child for `job`, a module-level function of one payload dict (pickled by name), started
@@ -162,7 +183,8 @@ def start_child(job, settings: ChildSettings, log_path: str, device: str | None 
     lifeline, held = ctx.Pipe(duplex=False)  # `held`, never written, closes with this process: the child ends
     child = ctx.Process(target=_child_entry, args=(child_end, lifeline, job, settings, log_path, device, tmp,
                                                    list(writable), peer), daemon=True)
-    child.start()
+    with _caller_script_hidden():
+        child.start()
     child_end.close()
     lifeline.close()
     if peer is not None:

@@ -45,6 +45,14 @@ def import_file(path: str, name: str):
     return module
 
 
+def build_candidate(payload: dict) -> dict:
+    """The build child's job: import the candidate, whose load_inline has the evaluator build its extensions (or
+    finds them built)."""
+    start = time.perf_counter()
+    import_file(payload["candidate"], "candidate")
+    return {"seconds": time.perf_counter() - start}
+
+
 def flatten_outputs(out) -> list:
     """A model's output as a list of outputs: a tuple or list as it is, anything else alone."""
     return list(out) if isinstance(out, (tuple, list)) else [out]

@@ -554,6 +554,31 @@ def test_name_only_copies_share_a_build_and_main_cpp_uses_the_precompiled_light_
     assert check.returncode == 0 and f"! {pch[0]}" in check.stderr.splitlines(), check.stderr[:2000]
 
 
+def test_a_caller_whose_script_starts_a_thread_on_import_gets_true_verdicts_and_no_child_runs_its_script(
+        tmp_path, new_build_dir):
+    """The evaluator's children never run the caller's script again, as multiprocessing's forkserver children
+    otherwise do: on the H200 train.py's imports start a thread, and a child of two threads cannot enter its new
+    user namespace, so every kernel of a train.py run there was judged compile_error. The script here starts a
+    thread as it is imported and notes each run of itself."""
+    runs, script = tmp_path / "runs.txt", tmp_path / "caller.py"
+    config = dict(CPU, build_dir=str(new_build_dir(tmp_path / "builds")), timing_budget_s=0.0)
+    script.write_text(f"""import json, sys, threading, time
+with open({str(runs)!r}, "a") as f:
+    f.write("run\\n")
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+sys.path.insert(0, {str(ROOT)!r})
+import evaluate as ev
+if __name__ == "__main__":
+    record = {json.dumps(cpu_solution("correct_loop"))}
+    print(json.dumps(ev.evaluate([record], ev.EvalConfig(**{config!r}))[0]))
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["status"] == "correct", result["feedback"]
+    assert runs.read_text() == "run\n"
+
+
 def test_a_copy_waiting_for_its_build_gives_its_compile_slot_to_the_next_candidate(tmp_path, new_build_dir):
     """Two compile slots, three candidates in this order: a kernel, a copy of it under another extension
     name (one build for both), another task's kernel. The copy finds its build under way and gives its slot
