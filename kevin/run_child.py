@@ -23,7 +23,6 @@ import importlib
 import importlib.util
 import itertools
 import json
-import math
 import re
 import resource
 import sys
@@ -388,11 +387,17 @@ class Runner:
         return {"copied": copy_parameters(self.task.Model(*self.init_inputs).to(self.device), self.model)}
 
     def poison(self) -> None:
-        """Fill free device memory with NaN, so that output memory the candidate never writes is NaN."""
+        """Fill the memory the call will allocate with NaN, so that output memory the candidate never writes is NaN:
+        the allocator's cache emptied first (a block an earlier call left there, never poisoned, would be the one an
+        output of its size gets: a ReLU's unwritten half read as zeros on the H200), then three quarters of the room
+        left under this process's cap (a quarter for new small blocks: were the cap reached, the allocator would
+        free the poisoned block to make one), within half the GPU's free memory and `poison_bytes`."""
         if self.cuda and self.defend:
-            room = self.memory_limit - torch.cuda.memory_allocated(self.device) if self.memory_limit else math.inf
-            size = min(torch.cuda.mem_get_info(self.device)[0], room) // 2
-            torch.empty(min(size, self.payload["poison_bytes"]) // 4, device=self.device).fill_(float("nan"))
+            torch.cuda.empty_cache()
+            size = min(torch.cuda.mem_get_info(self.device)[0] // 2, self.payload["poison_bytes"])
+            if self.memory_limit:
+                size = min(size, (self.memory_limit - torch.cuda.memory_reserved(self.device)) * 3 // 4)
+            torch.empty(max(0, size) // 4, device=self.device).fill_(float("nan"))
 
     def call(self, message: dict) -> dict:
         """A checked call: into poisoned memory, with `beside_ms` of other work on the GPU (a race lands
