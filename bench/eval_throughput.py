@@ -44,6 +44,11 @@ TREE = Path(sys.argv[sys.argv.index("--tree") + 1]).resolve() if "--tree" in sys
 sys.path.insert(0, str(TREE))
 import evaluate as ev  # noqa: E402
 
+try:
+    from kevin.run_child import import_file  # noqa: E402
+except ImportError:  # an older tree's evaluate.py had it
+    from evaluate import import_file  # noqa: E402
+
 
 def variants(record: dict) -> list[dict]:
     """The kernel as a model writes it, a renamed second attempt, a copy that does not compile, a duplicate."""
@@ -78,7 +83,7 @@ def baseline_build(code: str, folder: str) -> tuple[float, float]:
     path.write_text(code)
     start, cpu = time.perf_counter(), cpu_seconds()
     try:
-        ev.import_file(str(path), "candidate")
+        import_file(str(path), "candidate")
     except Exception:  # noqa: BLE001 - a failed build is a result here
         return -1.0, cpu_seconds() - cpu
     return time.perf_counter() - start, cpu_seconds() - cpu
@@ -109,8 +114,8 @@ def baseline_checks(cases: list[tuple[str, str]], device: str) -> list[dict]:
     for task, folder in tqdm(cases, desc="(a) checking", unit="kernel", file=sys.stderr):
         as_in_a_fresh_process(folder)
         try:
-            module = ev.import_file(str(Path(folder) / "candidate.py"), "candidate")
-            spec = ev.import_file(task, "reference_task")
+            module = import_file(str(Path(folder) / "candidate.py"), "candidate")
+            spec = import_file(task, "reference_task")
             torch.manual_seed(42)
             init = spec.get_init_inputs()
             torch.manual_seed(42)
