@@ -13,11 +13,28 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    """The tests that share a module-scoped fixture of a test file, directly or through another, form one group
+    (a fixture is made on one worker only); under xdist the groups go first: each is a long unit of work, and
+    one begun last keeps a worker busy after the other has run out of tests."""
+    parent: dict[str, str] = {}
+
+    def group_of(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            name = parent[name]
+        return name
+
+    shared = {}
     for item in items:
         fixtures = [defs[-1] for defs in item._fixtureinfo.name2fixturedefs.values()]
-        if any(f.scope != "function" and f.baseid.endswith(".py") for f in fixtures):  # defined in a test file
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        shared[item] = [f"{f.baseid}::{f.argname}" for f in fixtures if f.scope != "function" and f.baseid.endswith(".py")]
+        for a, b in zip(shared[item], shared[item][1:]):
+            parent[group_of(a)] = group_of(b)
+    for item, names in shared.items():
+        if names:
+            item.add_marker(pytest.mark.xdist_group(group_of(names[0]).replace("/", ".")))
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
+        items.sort(key=lambda item: not shared[item])
 
 
 @pytest.fixture(scope="session")
