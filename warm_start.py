@@ -326,7 +326,8 @@ def judge_library(variants: list[dict], tasks_folder: Path, device: str, turns: 
                   evals: list[dict] | None = None) -> None:
     """Give each variant its "score" and, where later turns quote feedback (turns > 1), its "eval": one
     evaluation on the main process, sent to every rank, unless `evals` (a resumed run's) are given; a verdict
-    other than the file name's is a warning."""
+    other than the file name's is a warning, and no correct variant judged correct is an error: the evaluator
+    cannot run kernels on this machine, and a policy taught its feedback would learn that every kernel fails."""
     if turns == 1:
         for v in variants:
             v["score"] = 0.0
@@ -341,6 +342,11 @@ def judge_library(variants: list[dict], tasks_folder: Path, device: str, turns: 
         v["eval"], v["score"] = result, reward.turn_score(result)
         if result["status"] != expected_status(v["variant"]):
             accelerator.print(f"warning: {v['variant']} was judged {result['status']}: {result['feedback'][:200]}")
+    meant = [v for v in variants if expected_status(v["variant"]) == "correct"]
+    if meant and not any(v["eval"]["status"] == "correct" for v in meant):
+        first = " ".join(meant[0]["eval"]["feedback"].split())[:200]
+        raise SystemExit(f"error: none of the library's {len(meant)} correct variants was judged correct on {device} "
+                         f"({meant[0]['variant']}: {first})")
 
 
 def load_model(args: WarmStartConfig):

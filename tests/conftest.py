@@ -27,7 +27,8 @@ def pytest_collection_modifyitems(config, items):
     shared = {}
     for item in items:
         fixtures = [defs[-1] for defs in item._fixtureinfo.name2fixturedefs.values()]
-        shared[item] = [f"{f.baseid}::{f.argname}" for f in fixtures if f.scope != "function" and f.baseid.endswith(".py")]
+        shared[item] = [f"{f.baseid}::{f.argname}" for f in fixtures
+                        if f.scope != "function" and f.baseid.endswith(".py")]  # defined in a test file
         for a, b in zip(shared[item], shared[item][1:]):
             parent[group_of(a)] = group_of(b)
     for item, names in shared.items():

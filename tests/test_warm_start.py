@@ -90,6 +90,22 @@ def test_quoted_feedback_keeps_its_words_and_changes_its_timings():
 
 
 @pytest.mark.slow
+def test_a_library_whose_correct_variants_all_fail_is_a_one_line_error_not_a_policy_taught_that_all_fail():
+    """On the H200 every child once failed to enter its sandbox, every variant was judged compile_error, and the
+    warm start went on with warnings, teaching the policy that nothing compiles. Here each variant's module
+    raises as it is imported, as a module that cannot be loaded there did."""
+    from accelerate import Accelerator
+
+    variants = [{**v, "code": v["code"].replace("import torch\n", 'import torch\nraise OSError("unshare failed")\n', 1)}
+                for v in ws.load_library(LIBRARIES["cpu"])]
+    assert all("unshare" in v["code"] for v in variants)
+    with pytest.raises(SystemExit) as stop:
+        ws.judge_library(variants, ROOT / "tests" / "tasks", "cpu", 2, Accelerator(cpu=True))
+    message = str(stop.value)
+    assert message.startswith("error: none of the library's") and "\n" not in message, message
+    assert "judged correct on cpu" in message and "unshare failed" in message
+
+
 def test_a_short_fine_tune_makes_the_greedy_reply_a_library_kernel(tmp_path):
     """One C++ variant, turn-1 prompts only (no evaluation needed): the model must write it back word for word."""
     library = tmp_path / "library" / "level1"
