@@ -89,7 +89,6 @@ def test_quoted_feedback_keeps_its_words_and_changes_its_timings():
     assert jittered.endswith("main.cpp:3:10")  # line numbers are not timings
 
 
-@pytest.mark.slow
 def test_a_library_whose_correct_variants_all_fail_is_a_one_line_error_not_a_policy_taught_that_all_fail():
     """On the H200 every child once failed to enter its sandbox, every variant was judged compile_error, and the
     warm start went on with warnings, teaching the policy that nothing compiles. Here each variant's module
@@ -106,6 +105,7 @@ def test_a_library_whose_correct_variants_all_fail_is_a_one_line_error_not_a_pol
     assert "judged correct on cpu" in message and "unshare failed" in message
 
 
+@pytest.mark.slow
 def test_a_short_fine_tune_makes_the_greedy_reply_a_library_kernel(tmp_path):
     """One C++ variant, turn-1 prompts only (no evaluation needed): the model must write it back word for word."""
     library = tmp_path / "library" / "level1"
