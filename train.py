@@ -363,11 +363,13 @@ class TrainConfig(RolloutConfig):
     tasks: str | None = None
     """task file, folder or split name of tasks/split.json (default: train with a GPU, tests/tasks without)"""
     n_trajectories: int | None = None
-    """parallel trajectories per task (default: 16 / 2)"""
+    """parallel trajectories per task (default: 4 for the warm-started policy, 16 (the paper's) for a model of your
+    own on a GPU, 2 otherwise)"""
     turns: int | None = None
-    """refinement turns per trajectory (default: 4 / 2)"""
+    """refinement turns per trajectory (default: 4 (the paper's) for a model of your own on a GPU, 2 otherwise)"""
     max_tokens: int | None = None
-    """most tokens in a reply, and the loss's length normaliser (default: 16384 / 128)"""
+    """most tokens in a reply, and the loss's length normaliser (default: the warm-started policy's longest library
+    reply + 32, 16384 for a model of your own on a GPU, 128 otherwise)"""
     gpu_memory_utilization: float = 0.3  # the engine shares the GPU with the policy being trained
     # model
     lora_rank: int = 0
@@ -383,7 +385,8 @@ class TrainConfig(RolloutConfig):
     """bf16 mixed precision, fp32 master weights (default: on with a GPU, off without)"""
     # tasks and rollouts (defaults: the paper's for a real model on a GPU, a small demo otherwise)
     tasks_per_step: int | None = None
-    """tasks per step, split evenly over the processes (default: 8 for a real model on a GPU, 2 otherwise)"""
+    """tasks per step, split evenly over the processes (default: every task of the warm-started policy's library, 8
+    for a model of your own on a GPU, 2 otherwise)"""
     backend: Literal["hf", "vllm", "vllm-server"] = "hf"
     """hf: generate with the policy itself; vllm: a vLLM engine in every process; vllm-server: the vLLM server at
     --base-url; both vLLM ones take the policy's weights after every update"""
@@ -397,11 +400,12 @@ class TrainConfig(RolloutConfig):
     reward.py's; one step per --tasks-per-step tasks of the file"""
     # optimisation
     steps: int | None = None
-    """steps (rollout + updates); default 40 with a GPU, 3 without; offline: all of the file"""
+    """steps (rollout + updates); default 8 for the warm-started policy, 40 for a model of your own on a GPU, 3
+    otherwise; offline: all of the file"""
     updates_per_batch: int = 2
     """gradient steps per batch of rollouts"""
     lr: float | None = None
-    """peak learning rate (AdamW); default 2e-6 (the paper's), 5e-5 for the warm-started policy"""
+    """peak learning rate (AdamW); default 5e-5 for the warm-started policy, else 2e-6 (the paper's)"""
     warmup_ratio: float = 0.03
     """share of all gradient steps spent warming up linearly"""
     weight_decay: float = 0.0
