@@ -101,7 +101,8 @@ from kevin.vllm_sync import ColocatedEngine, ServedEngine, policy_weights, serve
 
 REPO = Path(__file__).resolve().parent
 # Sizes: the paper's for a real model on a GPU; a smoke test of minutes for the tiny model or on a CPU.
-PAPER_SIZES = {"tasks_per_step": 8, "n_trajectories": 16, "turns": 4, "max_tokens": 16384, "steps": 40, "lr": 2e-6}
+PAPER_SIZES = {"tasks_per_step": 8, "steps": 40, "lr": 2e-6,  # the rollout's own, as the shared settings declare them
+               **{name: getattr(RolloutConfig, name) for name in ("n_trajectories", "turns", "max_tokens")}}
 DEMO_SIZES = {"tasks_per_step": 2, "n_trajectories": 2, "turns": 2, "max_tokens": 128, "steps": 3, "lr": 2e-6}
 # The default run (--model warm-start): the warm-started policy on every task of its library, 4 x 2 a task for 8 steps.
 # lr 5e-5, far above the paper's 2e-6 for a 32B model: the policy has ~0.7M parameters and 8 steps to move; on two
