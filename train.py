@@ -100,8 +100,9 @@ from kevin.training import (UpdateMemory, clear_previous_run, is_sharded, load_p
 from kevin.vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 
 REPO = Path(__file__).resolve().parent
-# Sizes: the paper's for a real model on a GPU; a smoke test of minutes for the tiny model or on a CPU.
-PAPER_SIZES = {"tasks_per_step": 8, "steps": 40, "lr": 2e-6,  # the rollout's own, as the shared settings declare them
+# Sizes: the paper's for a real model on a GPU (its rollout sizes are the shared rollout settings' defaults); a smoke
+# test of minutes for the tiny model or on a CPU.
+PAPER_SIZES = {"tasks_per_step": 8, "steps": 40, "lr": 2e-6,
                **{name: getattr(RolloutConfig, name) for name in ("n_trajectories", "turns", "max_tokens")}}
 DEMO_SIZES = {"tasks_per_step": 2, "n_trajectories": 2, "turns": 2, "max_tokens": 128, "steps": 3, "lr": 2e-6}
 # The default run (--model warm-start): the warm-started policy on every task of its library, 4 x 2 a task for 8 steps.

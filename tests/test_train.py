@@ -666,13 +666,15 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
         assert f"--{name.replace('_', '-')}" in help_text and doc in help_text, name
     assert "--gpu-memory-utilization" in help_text
     warm, paper, demo = train.WARM_START_SIZES, train.PAPER_SIZES, train.DEMO_SIZES  # the help names each one's
+    flat = {name: " ".join(doc.split()) for name, doc in docs.items()}
     assert (f"{warm['n_trajectories']} for the warm-started policy, {paper['n_trajectories']} (the paper's) for a "
-            f"model of your own on a GPU, {demo['n_trajectories']} otherwise") in " ".join(docs["n_trajectories"].split())
+            f"model of your own on a GPU, {demo['n_trajectories']} otherwise") in flat["n_trajectories"]
     assert (f"default {warm['steps']} for the warm-started policy, {paper['steps']} for a model of your own on a GPU, "
-            f"{demo['steps']} otherwise") in " ".join(docs["steps"].split())
+            f"{demo['steps']} otherwise") in flat["steps"]
     short = {rate: f"{rate:.0e}".replace("e-0", "e-") for rate in (warm["lr"], paper["lr"])}  # 5e-05 -> 5e-5
-    assert f"default {short[warm['lr']]} for the warm-started policy, else {short[paper['lr']]}" in docs["lr"]
-    assert paper["lr"] == demo["lr"] and paper["turns"] == 4 and warm["turns"] == demo["turns"] == 2
+    assert f"default {short[warm['lr']]} for the warm-started policy, else {short[paper['lr']]}" in flat["lr"]
+    assert (f"default: {paper['turns']} (the paper's) for a model of your own on a GPU, {demo['turns']} otherwise"
+            in flat["turns"]) and warm["turns"] == demo["turns"] and paper["lr"] == demo["lr"]
     args = train.parse_args(["--no-bf16", "--turns", "3", "--eval-device", "cpu", "--gpu-memory-utilization", "0.5"])
     assert (args.bf16, args.turns, args.eval_device, args.gpu_memory_utilization) == (False, 3, "cpu", 0.5)
     assert train.parse_args([]).gpu_memory_utilization == train.TrainConfig().gpu_memory_utilization == 0.3
