@@ -17,7 +17,9 @@ candidate's process (the runner, run_child.py) only runs it:
   harness's own, is the candidate's time; on a GPU the runner's own CUDA events are, accepted only where the
   judge's wall clock agrees within what the harness alone takes, measured on the same runner before the
   candidate was imported, and the GPU time of whatever the runner ran between its timed calls beyond the
-  harness's own copies is added to them;
+  harness's own copies is added to them; every other timed call runs under the runner's kernel log, which
+  slows some kernels, and is checked, the others are reported, and their time may fall short of the logged
+  calls' kernels by no more than the log costs an honest kernel;
 - each request carries a number drawn here that its answer must echo: bytes the candidate writes on the
   socket are no answer.
 
@@ -39,7 +41,7 @@ import time
 import torch
 
 from kevin.run_child import (NEUTRAL_KERNEL, busy_ms, flatten_outputs, flush_buffer, identical, is_own_kernel,
-                             make_timer, peak_resident_bytes, span_ms, start_task)
+                             make_timer, peak_resident_bytes, start_task)
 from kevin.tensor_exchange import Arena
 
 # An output whose error is this share of the reference's own magnitude (root mean square) or more is not the
@@ -60,6 +62,11 @@ MAX_OTHER_THREADS = 0.1
 # GPU time the runner may spend between two timed calls beyond the harness's own (copying the outputs out, as
 # measured in the calls with no model): times, plus. What is more is the candidate's, added to each call's time.
 BETWEEN_SLACK, BETWEEN_SLACK_MS = 1.1, 0.002
+# How much more GPU time a candidate's calls may take under the kernel log than without it (times, plus): CUPTI
+# slows some kernels themselves, one thread per element the most (a scalar tanh and ReLU over 16M floats ran 8.7%
+# and 8.4% longer under it on the H200, vectorised kernels and matrix products under 1%). A candidate's reported
+# calls run unlogged; their time may be shorter than the logged calls' kernels by this much and no more.
+LOG_COST, LOG_SLACK_MS = 0.15, 0.005
 # At most how many times slower than before the candidate was imported a loaded host may make the judge's own
 # one-element kernel, when it excuses a slower reference (`slowed_reference`).
 MAX_HOST_LOAD = 4.0
@@ -272,12 +279,22 @@ def clock_mismatch(rows: list, windows: dict, opened: dict) -> str | None:
     return None
 
 
-def on_every_stream(rows: list, windows: dict, opened: dict) -> list:
-    """Each timed call's GPU time: its events, or where it is longer the span of its kernels on every stream,
-    from the begin event (the flush's end) or an earlier start to the last end: work on a side stream that the
-    current stream never waited for, or that started while the flush still ran, is the call's too."""
-    return [(label, max(ms, span_ms(windows.get(label, []), opened.get(label, float("inf")))), wall)
-            for label, ms, wall in rows]
+def log_dodging(logged: list, reported: list, windows: dict) -> str | None:
+    """Why the reported calls' time cannot stand, if it cannot: shorter (medians) than the GPU time of the logged
+    calls' kernels (every stream, those that started while the flush still ran included) beyond what the log
+    costs an honest kernel (LOG_COST). The reported calls run with the kernel log's GPU side off, which a
+    candidate can tell: doing less in them than in the logged calls, whose kernels the clocks and the own-kernel
+    share check, gains it that much at most. Work on a side stream that the timer's events never wait for, or
+    started ahead of them, is in the logged calls' kernels and not in the reported calls' events: refused here
+    too, beyond that much."""
+    if not logged or not reported:
+        return None
+    kernels = _median([busy_ms(windows.get(label, [])) for label, _, _ in logged])
+    events = _median([ms for _, ms, _ in reported])
+    if events < kernels / (1 + LOG_COST) - LOG_SLACK_MS:
+        return (f"[log-dodging] your timed calls took {events:.4g} ms where the kernel log was off, and their kernels "
+                f"{kernels:.4g} ms where it was on: more than the log costs an honest kernel")
+    return None
 
 
 def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str | None:
@@ -336,26 +353,28 @@ def runner_cpu_s(pid: int) -> tuple[float, float]:
         raise RunnerGone from e
 
 
-def between_calls_ms(between: list, spans: dict, prefix: str) -> list[float]:
-    """The GPU time of the kernels the runner ran after each timed call whose label starts with `prefix`, up to
-    the next window of the same kind (after the last window of all, to the end): the gap after the last clean
-    call, which the import and the correctness checks fill, is left out."""
+def between_calls_ms(between: list, spans: dict, prefix: str, logged: set | None = None) -> list[float]:
+    """The GPU time of the kernels the runner ran after each timed call whose label starts with `prefix` (and is
+    in `logged`, where given: after an unlogged call the log is off until its outputs are handed over), up to the
+    next window of the same kind (after the last window of all, to the end): the gap after the last clean call,
+    which the import and the correctness checks fill, is left out."""
     order = sorted((tuple(span), label) for label, span in spans.items())
     gaps = []
     for ((_, end), label), following in zip(order, [*order[1:], None]):
-        if label.startswith(prefix) and (following is None or following[1].startswith(prefix)):
+        if label.startswith(prefix) and (logged is None or label in logged) and \
+                (following is None or following[1].startswith(prefix)):
             until = following[0][0] if following else math.inf
             gaps.append(busy_ms([("", a, b) for a, b in between if end <= a < until]))
     return gaps
 
 
-def charge_between_calls(rows: list, log: dict) -> tuple[list, float]:
+def charge_between_calls(rows: list, log: dict, logged: set) -> tuple[list, float]:
     """(the candidate's calls with the GPU time the runner spent between them beyond the harness's own added to
     each, that time per call in ms): work launched before a call's window opens, or while its outputs are handed
     over (a rewritten synchronize or copy), is the call's too. The harness's own is what the clean calls spent
     between them, copying the same slots' worth of outputs."""
     between, spans = log.get("between") or [], log.get("spans") or {}
-    clean, spent = between_calls_ms(between, spans, "null/"), between_calls_ms(between, spans, "candidate/")
+    clean, spent = between_calls_ms(between, spans, "null/"), between_calls_ms(between, spans, "candidate/", logged)
     if not clean or not spent:
         return rows, 0.0
     extra = max(0.0, sum(spent) / len(spent) - BETWEEN_SLACK * _median(clean) - BETWEEN_SLACK_MS)
@@ -392,6 +411,7 @@ class Judge:
         self.times: dict[str, float] = {}
         self.arena: Arena | None = None
         self.other_threads_s = 0.0  # CPU time of the runner's threads but its main one, in timed calls
+        self.logged: set[str] = set()  # the labels of the candidate's timed calls made under the kernel log
         self.reference_changes_inputs = True  # until the first draw shows otherwise: its inputs cloned for it
         self.memory: dict[str, int] = {}  # bytes: the task's footprint, the runner's limit and peak
 
@@ -502,26 +522,28 @@ class Judge:
         windows, opened = report.get("windows") or {}, report.get("opened") or {}
         if self.defend and report.get("tamper"):
             return self.rejected(str(report["tamper"]))
-        share = None
+        share, between_ms = None, 0.0
         candidate = calls["candidate"]
-        if self.defend and self.cuda:
-            if mismatch := clock_mismatch(candidate, windows, opened):
+        if self.defend and self.cuda:  # the logged calls are checked, the others' times reported
+            logged = [row for row in candidate if row[0] in self.logged]
+            candidate = [row for row in candidate if row[0] not in self.logged]
+            if mismatch := clock_mismatch(logged, windows, opened):
                 return self.rejected(mismatch)
             if self.payload["min_own_kernel_share"] > 0:
                 why, share = own_kernel_share(windows, self.payload["kernel_names"],
                                               self.payload["min_own_kernel_share"], self.payload["max_copy_share"])
                 if why:
                     return self.rejected(why)
-        candidate = on_every_stream(candidate, windows, opened)
-        between_ms = 0.0
-        if self.cuda and self.defend:
-            candidate, between_ms = charge_between_calls(candidate, report)
-            why = unobserved_time(candidate, observed, harness["wall"]) or self.slowed_reference(calls, clean, seed)
+            if why := log_dodging(logged, candidate, windows):
+                return self.rejected(why)
+            candidate, between_ms = charge_between_calls(candidate, report, self.logged)
+            why = unobserved_time(candidate + logged, observed, harness["wall"]) or \
+                self.slowed_reference(calls, clean, seed)
             if why:
                 return self.rejected(why)
         medians = {name: _median([ms for _, ms, _ in rows]) for name, rows in {**calls, "candidate": candidate}.items()
                    if name != "timer"}
-        return {"medians": medians, "trials": len(candidate), "max_abs_diff": worst, "max_rel_diff": worst_rel,
+        return {"medians": medians, "trials": len(calls["candidate"]), "max_abs_diff": worst, "max_rel_diff": worst_rel,
                 "times": self.times, "own_kernel_share": share, "between_calls_ms": between_ms}
 
     def slowed_reference(self, calls: dict, clean: dict, seed: int) -> str | None:
@@ -660,12 +682,21 @@ class Judge:
         warm = self.payload["warmup"]  # the first calls, as the timing's warm-ups, are left out where more follow
         return harness, {name: min(ms[warm:] or ms) for name, ms in clean.items()} if self.cuda and walls else {}
 
-    def timed_call(self, label: str, inputs: list | None) -> tuple[float, float, dict]:
+    def timed_call(self, label: str, inputs: list | None, logged: bool = True) -> tuple[float, float, dict]:
         """(wall seconds from `go` to the answer to `collect`, CPU seconds of the runner's process from before the
         inputs were written to that answer, the answers) of a call on `inputs` (None: the call of no model): the
         runner waits on its socket before and after, so that both are exact, and the work it put off until its
         outputs are handed over is inside them too. Every call's outputs are handed over alike, into cleared
-        slots; which of them the judge reads, the runner never learns."""
+        slots; which of them the judge reads, the runner never learns. Unless `logged`, the kernel log's GPU side
+        is off from before the call to its outputs handed over (asked outside the clocks)."""
+        if not logged and (failed := self.failed(self.ask({"op": "log", "on": False}))):
+            return 0.0, 0.0, failed
+        wall_s, cpu_s, answer = self.clocked_call(label, inputs)
+        if not logged and not self.failed(answer):
+            answer = {**answer, **self.ask({"op": "log", "on": True})}
+        return wall_s, cpu_s, answer
+
+    def clocked_call(self, label: str, inputs: list | None) -> tuple[float, float, dict]:
         pid = self.payload["runner_pid"]
         process, main = runner_cpu_s(pid)
         message = {"op": "go", "label": label, **({"null": True} if inputs is None else self.put_inputs(inputs))}
@@ -807,10 +838,15 @@ class Judge:
                 seed, inputs = draws + trial, None
                 inputs = self.make_inputs(seed)
             checked = self.defend and (trial in (0, payload["timing_trials"] - 1) or self.unknowable.random() < 0.25)
+            # every other call (warm-ups: all) under the kernel log, whose calls the checks read; the others' times
+            # are the reported ones
+            logged = not (self.cuda and self.defend) or trial < 0 or trial % 2 == 1
             for name in self.unknowable.sample(list(models), len(models)) if self.defend else list(models):
                 label = f"{name}/{trial}"
                 if name == "candidate":
-                    wall_s, cpu_s, answer = self.timed_call(label, inputs)
+                    wall_s, cpu_s, answer = self.timed_call(label, inputs, logged)
+                    if logged:
+                        self.logged.add(label)
                     if failed := self.failed(answer):
                         return failed, calls, observed
                     observed[label] = (wall_s, cpu_s)

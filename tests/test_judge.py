@@ -75,16 +75,27 @@ def test_events_shorter_than_the_kernels_inside_them_or_longer_than_the_wall_clo
     assert jg.clock_mismatch(*timed_calls(0.0315, 0.03, 0.02)) is None  # within the events' resolution
 
 
-def test_a_calls_kernels_on_any_stream_count_from_the_begin_event_or_an_earlier_start():
-    """A call's GPU time is its events unless its kernels say it took longer: a side stream the current stream
-    never waited for, or one that started while the flush ran (before the begin event at the flush's end)."""
-    rows = [("a", 0.30, 0.4), ("b", 0.01, 0.4), ("c", 0.05, 0.4)]
-    windows = {"a": [("k", 1002, 1290)],                    # inside its events
-               "b": [("k", 2002, 2010), ("side", 2005, 2300)],  # a side stream's kernel ending 0.29 ms on
-               "c": [("early", 2900, 3050)]}                # started 0.1 ms before the flush ended
-    opened = {"a": 1000, "b": 2000, "c": 3000}
-    assert [ms for _, ms, _ in jg.on_every_stream(rows, windows, opened)] == pytest.approx([0.30, 0.30, 0.15])
-    assert jg.clock_mismatch(rows[2:] * 3, windows, opened) is None  # the early kernel's part inside the events
+def test_reported_calls_may_be_faster_than_the_logged_calls_kernels_by_the_logs_cost_and_no_more():
+    """The reported calls run with the kernel log's GPU side off, the logged ones under it. Measured on the H200:
+    a one-thread-per-element tanh over 16M floats, 0.415 ms unlogged, its kernel 0.451 ms logged; passes. A
+    candidate that runs torch's vectorised kernel where the log is off (0.257 ms) and its own where it is on, or
+    whose logged calls leave 0.29 ms of work on a side stream the events never wait for, or start it while the
+    flush still runs (before the begin event), does not."""
+    def logged(*kernels):
+        rows = [(f"candidate/{i}", 0.46, 0.5) for i in range(1, 10, 2)]
+        return rows, {label: [(name, 1000.0 * i + a, 1000.0 * i + b) for name, a, b in kernels]
+                      for i, (label, _, _) in enumerate(rows)}
+
+    reported = lambda ms: [(f"candidate/{i}", ms, ms + 0.01) for i in range(0, 10, 2)]  # noqa: E731
+    rows, windows = logged(("tanh_kernel", 2, 453))
+    assert jg.log_dodging(rows, reported(0.415), windows) is None
+    assert jg.log_dodging(rows, reported(0.257), windows).startswith(
+        "[log-dodging] your timed calls took 0.257 ms where the kernel log was off, and their kernels 0.451 ms")
+    side, windows = logged(("k", 2, 10), ("side", 5, 300))  # events 0.01 ms in every call
+    assert jg.log_dodging(side, reported(0.01), windows).startswith("[log-dodging]")
+    early, windows = logged(("early", -100, 150))  # started 0.1 ms before the flush ended
+    assert jg.log_dodging(early, reported(0.15), windows).startswith("[log-dodging]")
+    assert jg.log_dodging([], reported(0.1), {}) is None  # no logged call: nothing to hold them to
 
 
 def test_a_reported_time_shorter_than_the_judge_saw_beyond_the_harness_is_a_faked_clock():
@@ -138,20 +149,25 @@ def test_a_process_cpu_time_keeps_what_its_exited_threads_spent():
 def test_gpu_work_between_timed_calls_beyond_the_harnesss_copies_is_added_to_each_call():
     """Kernel times as the runner's profiler reports them (µs): clean calls each followed by a 10 µs copy of their
     outputs; a candidate whose calls are each followed by that copy and 200 µs of its own work (launched before
-    its window opens, or as its outputs are handed over) is charged that work; an honest one nothing."""
+    its window opens, or as its outputs are handed over) is charged that work in each reported call; an honest
+    one nothing. Only the gaps after logged calls count: after an unlogged one the log's GPU side is off until
+    its outputs are handed over, and its empty gap would halve the charge."""
     spans = {f"null/{i}": (1000 * i, 1000 * i + 50) for i in range(5)}
     between = [(1000 * i + 60, 1000 * i + 70) for i in range(5)]
-    rows = []
-    for i in range(5):
+    logged = {f"candidate/{i}" for i in range(1, 8, 2)}
+    rows, honest, hidden = [], [], []
+    for i in range(8):
         start = 10_000 + 1000 * i
         spans[f"candidate/{i}"] = (start, start + 30)
-        rows.append((f"candidate/{i}", 0.02, 0.05))
-    honest = [(10_000 + 1000 * i + 40, 10_000 + 1000 * i + 50) for i in range(5)]
-    hidden = honest + [(10_000 + 1000 * i + 500, 10_000 + 1000 * i + 700) for i in range(5)]
-    assert jg.charge_between_calls(rows, {"spans": spans, "between": between + honest}) == (rows, 0.0)
-    charged, extra = jg.charge_between_calls(rows, {"spans": spans, "between": between + hidden})
+        if f"candidate/{i}" in logged:
+            honest.append((start + 40, start + 50))
+            hidden += [(start + 40, start + 50), (start + 500, start + 700)]
+        else:
+            rows.append((f"candidate/{i}", 0.02, 0.05))
+    assert jg.charge_between_calls(rows, {"spans": spans, "between": between + honest}, logged) == (rows, 0.0)
+    charged, extra = jg.charge_between_calls(rows, {"spans": spans, "between": between + hidden}, logged)
     assert extra == pytest.approx(0.2 - 0.001 - jg.BETWEEN_SLACK_MS, abs=1e-9)
-    assert [ms for _, ms, _ in charged] == pytest.approx([0.02 + extra] * 5)
+    assert [ms for _, ms, _ in charged] == pytest.approx([0.02 + extra] * 4)
 
 
 def test_calls_whose_cpu_time_ran_on_other_threads_are_threads():
