@@ -24,8 +24,8 @@ candidate's process (the runner, run_child.py) only runs it:
   socket are no answer.
 
 What a candidate can still influence: by rewriting its own process's native code, the GPU times it reports
-(within that allowance) and the kernel list its profiler records (the own-kernel share); the judge decides
-everything else.
+(within that allowance) and the kernel list its profiler records (the own-kernel share); by telling the logged
+calls from the reported ones, its time by up to the log's cost; the judge decides everything else.
 """
 from __future__ import annotations
 
