@@ -103,11 +103,13 @@ class EvalConfig:
     rtol: float | None = None
     """relative tolerance, for every dtype (default: the rules' own, as for --atol)"""
     timing_trials: int = 100
-    """timed runs per model (fewer if --timing-budget-s runs out first, never fewer than 10)"""
+    """timed runs per model (fewer if --timing-budget-s runs out first, never fewer than 10); on a GPU every other
+    one runs under the kernel log and is checked, and the rest are reported"""
     timing_budget_s: float = 10.0
     """wall-clock budget for the timed runs of one candidate and its reference together"""
     warmup: int = 3
-    """untimed runs per model before timing"""
+    """untimed runs per model before timing (on a GPU with the defences on, at least 1: they run under the kernel
+    log)"""
     compile_baseline: bool = False
     """also time torch.compile(Model) and report speedup_vs_compile"""
     min_own_kernel_share: float = 0.8
