@@ -104,12 +104,11 @@ class EvalConfig:
     """relative tolerance, for every dtype (default: the rules' own, as for --atol)"""
     timing_trials: int = 100
     """timed runs per model (fewer if --timing-budget-s runs out first, never fewer than 10); on a GPU every other
-    one runs under the kernel log and is checked, and the rest are reported"""
+    one runs under the kernel log and is checked, and the rest are reported (so at least 2 there)"""
     timing_budget_s: float = 10.0
     """wall-clock budget for the timed runs of one candidate and its reference together"""
     warmup: int = 3
-    """untimed runs per model before timing (on a GPU with the defences on, at least 1: they run under the kernel
-    log)"""
+    """untimed runs per model before timing"""
     compile_baseline: bool = False
     """also time torch.compile(Model) and report speedup_vs_compile"""
     min_own_kernel_share: float = 0.8

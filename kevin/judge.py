@@ -830,16 +830,16 @@ class Judge:
         observed = {}
         draws, deadline = self.unknowable.randrange(2**31), None
         self.other_threads_s = 0.0
-        # the warm-ups and every other timed call run under the kernel log: on a GPU with the defences on, at least one
-        warmup = max(payload["warmup"], int(self.cuda and self.defend))
-        for trial in range(-warmup, payload["timing_trials"]):
+        # on a GPU with the defences on, at least one timed call under the kernel log and one reported (below)
+        trials = max(payload["timing_trials"], 2 if self.cuda and self.defend else 1)
+        for trial in range(-payload["warmup"], trials):
             if trial == 0:
                 deadline = time.perf_counter() + payload["timing_budget_s"]
             outputs = {}  # the last trial's freed before this one's inputs are made
-            if self.defend or trial == -warmup:
+            if self.defend or trial == -payload["warmup"]:
                 seed, inputs = draws + trial, None
                 inputs = self.make_inputs(seed)
-            checked = self.defend and (trial in (0, payload["timing_trials"] - 1) or self.unknowable.random() < 0.25)
+            checked = self.defend and (trial in (0, trials - 1) or self.unknowable.random() < 0.25)
             # the logged calls are the ones the checks read, the others' times the reported ones
             logged = not (self.cuda and self.defend) or trial < 0 or trial % 2 == 1
             for name in self.unknowable.sample(list(models), len(models)) if self.defend else list(models):
@@ -867,7 +867,7 @@ class Judge:
                 if trial >= 0 and not math.isnan(events):
                     calls[name].append((label, events, wall))
             if checked and _compare(outputs["candidate"], outputs["reference"], payload["tolerance"])[0]:
-                return self.timed_output_wrong(seed, outputs["reference"], trial + warmup + 1), \
+                return self.timed_output_wrong(seed, outputs["reference"], trial + payload["warmup"] + 1), \
                     calls, observed
             if trial + 1 >= 10 and time.perf_counter() > deadline:
                 break
