@@ -32,17 +32,17 @@ Run:
   python train.py --resume                           # go on from the last checkpoint in --output-dir
   python train.py --overwrite                        # start afresh where a previous run left its output
 
-With no --model, the policy is the small one warm-started on the kernel library (warm_start.policy: shipped for
-the CPU, else made once at the first run and cached in .cache/warm_start), trained on every task of the
-library (CUDA kernels on a GPU, C++ on the CPU) with 4 trajectories x 2 turns a task for 8 steps at lr 5e-5: a run
-of minutes whose score and share correct rise. The paper's sizes are the defaults for a real model on a GPU. For
---model tiny (a smoke test: a random model writes junk, every score is 0), or without a GPU, they shrink to 2
-tasks x 2 trajectories x 2 turns, 128-token replies, 3 steps; with a GPU on the train split of tasks/, without
-one on the two CPU-sized tasks in tests/tasks. Output: one JSON line of metrics per step (--log), its learning
-curve beside it (the same name, .png), checkpoints in --output-dir/checkpoints, the final model in
---output-dir/final, and a table of the reward curve at the end, each turn's score in a
-column. An --output-dir that holds a previous run is refused unless --resume continues
-it (from the latest checkpoint the metrics log reaches, the log cut back to it) or --overwrite deletes it.
+With no --model, the policy is the small one warm-started on the kernel library (warm_start.policy: shipped for the
+CPU, else made once at the first run and cached in .cache/warm_start), trained on every task of the library (CUDA
+kernels on a GPU, C++ on the CPU) with 4 trajectories x 2 turns a task for 8 steps (16 for C++) at lr 5e-5: a run of
+minutes whose score and share correct rise. The paper's sizes are the defaults for a real model on a GPU. For
+--model tiny (a smoke test: a random model writes junk, every score is 0), or without a GPU, they shrink to 2 tasks
+x 2 trajectories x 2 turns, 128-token replies, 3 steps; with a GPU on the train split of tasks/, without one on the
+two CPU-sized tasks in tests/tasks. Output: one JSON line of metrics per step (--log), its learning curve beside it
+(the same name, .png), checkpoints in --output-dir/checkpoints, the final model in --output-dir/final, and a table
+of the reward curve at the end, each turn's score in a column. An --output-dir that holds a previous run is refused
+unless --resume continues it (from the latest checkpoint the metrics log reaches, the log cut back to it) or
+--overwrite deletes it.
 
 Simplifications, said out loud:
 - Old policy = sampling policy: both gradient steps of a batch take the ratio against the log-probs
@@ -105,12 +105,14 @@ REPO = Path(__file__).resolve().parent
 PAPER_SIZES = {"tasks_per_step": 8, "steps": 40, "lr": 2e-6,
                **{name: getattr(RolloutConfig, name) for name in ("n_trajectories", "turns", "max_tokens")}}
 DEMO_SIZES = {"tasks_per_step": 2, "n_trajectories": 2, "turns": 2, "max_tokens": 128, "steps": 3, "lr": 2e-6}
-# The default run (--model warm-start): the warm-started policy on every task of its library, 4 x 2 a task for 8 steps.
-# lr 5e-5, far above the paper's 2e-6 for a 32B model: the policy has ~0.7M parameters and 8 steps to move; on two
-# CPU cores score and share correct rose over the steps at it (docs/training.md), and much higher blurs the kernels
-# it memorised. fp32: bf16 rounding is as large as the updates of so small a model. max_tokens: its longest library
-# reply + 32, from the policy's warm_start.json.
+# The default run (--model warm-start): the warm-started policy on every task of its library, 4 x 2 a task for 8 steps
+# (16 for C++ kernels: on two CPU cores, where only correctness pays, the score rose over 8 steps in some seeds and
+# fell back in others, over 16 in each of three; docs/training.md). lr 5e-5, far above the paper's 2e-6 for a 32B
+# model: the policy has ~0.7M parameters and few steps to move, and much higher blurs the kernels it memorised.
+# fp32: bf16 rounding is as large as the updates of so small a model. max_tokens: its longest library reply + 32,
+# from the policy's warm_start.json.
 WARM_START_SIZES = {"n_trajectories": 4, "turns": 2, "steps": 8, "lr": 5e-5, "bf16": False}
+WARM_START_CPU_STEPS = 16
 # Place: CUDA kernels on the shipped tasks with a GPU; C++ kernels on the two CPU-sized test tasks without.
 GPU_PLACE = {"tasks": "train", "eval_device": "cuda", "bf16": True}
 CPU_PLACE = {"tasks": str(REPO / "tests" / "tasks"), "eval_device": "cpu", "bf16": False}
@@ -402,8 +404,8 @@ class TrainConfig(RolloutConfig):
     reward.py's; one step per --tasks-per-step tasks of the file"""
     # optimisation
     steps: int | None = None
-    """steps (rollout + updates); default 8 for the warm-started policy, 40 for a model of your own on a GPU, 3
-    otherwise; offline: all of the file"""
+    """steps (rollout + updates); default 8 for the warm-started policy (16 for its C++ kernels), 40 for a model of
+    your own on a GPU, 3 otherwise; offline: all of the file"""
     updates_per_batch: int = 2
     """gradient steps per batch of rollouts"""
     lr: float | None = None
@@ -476,6 +478,8 @@ def filled_in(config: TrainConfig) -> TrainConfig:
         tasks = config.tasks or str(warm_start.DEFAULT_TASKS[device])
         sizes = {**WARM_START_SIZES, "tasks_per_step": len(load_tasks(tasks, config.split)),
                  "max_tokens": report["longest_reply_tokens"] + 32}
+        if device == "cpu":
+            sizes["steps"] = WARM_START_CPU_STEPS
         config = replace(config, model=str(model), tasks=tasks, eval_device=device)
     else:
         sizes = PAPER_SIZES if on_gpu and config.model != "tiny" else DEMO_SIZES

@@ -637,7 +637,7 @@ def test_with_no_flags_the_shipped_warm_started_policy_trains_on_every_task_of_i
     report = json.loads((Path(args.model) / "warm_start.json").read_text())
     assert Path(args.model) == ROOT / "solutions" / "warm_start" / "policy" / "cpu"
     assert (args.tasks, args.eval_device, args.tasks_per_step) == (str(ROOT / "tests" / "tasks"), "cpu", 2)
-    assert (args.n_trajectories, args.turns, args.steps, args.lr, args.bf16) == (4, 2, 8, 5e-5, False)
+    assert (args.n_trajectories, args.turns, args.steps, args.lr, args.bf16) == (4, 2, 16, 5e-5, False)  # 16: C++
     assert args.max_tokens == report["longest_reply_tokens"] + 32
     # a flag given still wins over the warm start's sizes
     assert (train.parse_args(["--lr", "1e-5", "--steps", "2"]).lr, train.parse_args(["--steps", "2"]).steps) == (
@@ -669,8 +669,8 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
     flat = {name: " ".join(doc.split()) for name, doc in docs.items()}
     assert (f"{warm['n_trajectories']} for the warm-started policy, {paper['n_trajectories']} (the paper's) for a "
             f"model of your own on a GPU, {demo['n_trajectories']} otherwise") in flat["n_trajectories"]
-    assert (f"default {warm['steps']} for the warm-started policy, {paper['steps']} for a model of your own on a GPU, "
-            f"{demo['steps']} otherwise") in flat["steps"]
+    assert (f"default {warm['steps']} for the warm-started policy ({train.WARM_START_CPU_STEPS} for its C++ kernels), "
+            f"{paper['steps']} for a model of your own on a GPU, {demo['steps']} otherwise") in flat["steps"]
     short = {rate: f"{rate:.0e}".replace("e-0", "e-") for rate in (warm["lr"], paper["lr"])}  # 5e-05 -> 5e-5
     assert f"default {short[warm['lr']]} for the warm-started policy, else {short[paper['lr']]}" in flat["lr"]
     assert (f"default: {paper['turns']} (the paper's) for a model of your own on a GPU, {demo['turns']} otherwise"
