@@ -10,6 +10,7 @@ reference (a module-level function, pickled by name), so this module knows nothi
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -78,6 +79,23 @@ def start_fork_server() -> None:
         multiprocessing.forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if not _STOP_AT_EXIT:
+        atexit.register(_stop_fork_server)
+        _STOP_AT_EXIT.append(True)
+
+
+_STOP_AT_EXIT = []
+
+
+def _stop_fork_server() -> None:
+    """At exit the fork server goes at once. Left alone it would notice only once it has imported torch and
+    then tear torch down (up to ~3 s of a core after a short run), all the while holding the caller's stdout and
+    stderr open: the next stage of a pipeline, or whoever reads them, would wait for it. It has no state to keep."""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def hidden_from_children() -> list[str]:
