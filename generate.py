@@ -39,10 +39,11 @@ the host, one random generator a reply, which suits small models and tests; use 
 
 from __future__ import annotations
 
-from kevin.startup import quiet_ctrl_c_while_starting, started
+from kevin.startup import freeze_at_exit, quiet_ctrl_c_while_starting, started
 
 if __name__ == "__main__":
     quiet_ctrl_c_while_starting("before writing anything")
+    freeze_at_exit()
 
 import argparse
 import json

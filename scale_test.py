@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from kevin.config_flags import add_config_flags, given_flags
+from kevin.startup import freeze_at_exit
 from reward import load_trajectories
 
 
@@ -398,4 +399,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    freeze_at_exit()
     main()

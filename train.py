@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Literal
 
 from kevin.dependencies import require
+from kevin.startup import freeze_at_exit
 
 require("torch", "accelerate", "transformers", "tqdm")
 
@@ -858,4 +859,5 @@ def summary_table(history: list[dict]) -> str:
 
 
 if __name__ == "__main__":
+    freeze_at_exit()
     main()

@@ -45,10 +45,11 @@ The checkpoint is removed once the outputs are written.
 """
 from __future__ import annotations
 
-from kevin.startup import quiet_ctrl_c_while_starting, started
+from kevin.startup import freeze_at_exit, quiet_ctrl_c_while_starting, started
 
 if __name__ == "__main__":
     quiet_ctrl_c_while_starting("before training")
+    freeze_at_exit()
 
 import argparse
 import ast

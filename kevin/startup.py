@@ -1,5 +1,7 @@
-"""Ctrl-C while a stage script starts: its imports take seconds (torch, transformers), and a Ctrl-C among them is
-one line, as later, not a traceback from inside them."""
+"""How a stage script starts and ends. Its imports take seconds (torch, transformers): a Ctrl-C among them is one
+line, as later, not a traceback from inside them. Its end is quick: no last walk over what those imports made."""
+import atexit
+import gc
 import signal
 import sys
 
@@ -24,3 +26,10 @@ def started() -> None:
     """The run begins: a Ctrl-C is KeyboardInterrupt again, for main() to say how far it got."""
     if isinstance(signal.getsignal(signal.SIGINT), _WhileStarting):
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def freeze_at_exit() -> None:
+    """At exit, freeze every object (gc.freeze) before Python's last garbage collection, which would walk all that
+    torch and transformers made, for a process about to end: ~0.8 s of a core at each exit of a stage script,
+    paid by every pipeline stage and every test that runs one."""
+    atexit.register(gc.freeze)
