@@ -148,6 +148,8 @@ if __name__ == "__main__":
             "expected_names": sorted(expected)}
     result = {"rank": accelerator.process_index, **results}
     Path(sys.argv[1], f"result_{accelerator.process_index}.json").write_text(json.dumps(result))
+    accelerator.wait_for_everyone()
+    accelerator.end_training()  # left to exit, gloo's threads once aborted a rank ("terminate called ...")
 '''
 
 
