@@ -79,18 +79,14 @@ def start_fork_server() -> None:
         multiprocessing.forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-    if not _STOP_AT_EXIT:
-        atexit.register(_stop_fork_server)
-        _STOP_AT_EXIT.append(True)
 
 
-_STOP_AT_EXIT = []
-
-
+@atexit.register
 def _stop_fork_server() -> None:
-    """At exit the fork server goes at once. Left alone it would notice only once it has imported torch and
-    then tear torch down (up to ~3 s of a core after a short run), all the while holding the caller's stdout and
-    stderr open: the next stage of a pipeline, or whoever reads them, would wait for it. It has no state to keep."""
+    """At exit the fork server (where this process started one) goes at once. Left alone it would notice only
+    once it has imported torch and then tear torch down (up to ~3 s of a core after a short run), all the while
+    holding the caller's stdout and stderr open: the next stage of a pipeline, or whoever reads them, would wait
+    for it. It has no state to keep."""
     pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
     if pid:
         with contextlib.suppress(OSError):
