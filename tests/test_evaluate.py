@@ -296,10 +296,12 @@ def test_the_reference_and_the_candidate_run_on_the_configured_number_of_threads
     assert two["status"] == "incorrect", two["feedback"]
 
 
-def run_cli_on_a_host_held_by(spinning: int, input_path: Path) -> subprocess.CompletedProcess:
+def run_cli_on_a_host_held_by(spinning: int, input_path: Path, niced: bool = False) -> subprocess.CompletedProcess:
     """The CLI on the CPU over `input_path` while `spinning` processes spin on the cores (a second of timing a
-    model: the 0.1-1 ms kernels are still timed hundreds of times, and the spinners hold the machine for less)."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(spinning)]
+    model: the 0.1-1 ms kernels are still timed hundreds of times, and the spinners hold the machine for less);
+    `niced`, they take only what the CLI leaves."""
+    hogs = [subprocess.Popen([*(["nice", "-n", "19"] if niced else []), sys.executable, "-c", "while True: pass"])
+            for _ in range(spinning)]
     try:
         return run_cli(str(input_path), "--device", "cpu", "--tasks", CPU["tasks"], "--no-progress",
                        "--timing-budget-s", "1")
@@ -336,6 +338,22 @@ def test_on_a_loaded_host_cpu_speedups_hold_and_the_reference_cannot_be_slowed(t
         speedups.append({name: e["speedup"] for name, e in evals.items()})
     for name, quiet in speedups[0].items():
         assert quiet / 10 <= speedups[1][name] <= quiet * 10, (name, quiet, speedups[1][name])
+
+
+def test_an_openmp_kernel_beside_other_work_is_rejected_for_its_threads(tmp_path):
+    """A candidate's OpenMP threads share torch's libgomp, whose waiting thread used to spin at each barrier for as
+    long as the others were off a core: beside two niced busy processes the thread that called forward then
+    burned what hid the others' CPU time from the [threads] rule, and the OpenMP Swish was judged correct in 2 of
+    5 runs. Three copies of it, each timed on its own, all rejected for their threads."""
+    [openmp] = [r for r in ev.library_records(ROOT / "tests" / "adversarial" / "cpu")
+                if r["solution"] == "level1/9_Swish.rejected_threads"]
+    copies = [{**openmp, "code": openmp["code"] + f"\n# copy {n}\n"} for n in range(3)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in copies))
+    result = run_cli_on_a_host_held_by(2, tmp_path / "in.jsonl", niced=True)
+    assert result.returncode == 0, result.stderr
+    evals = [json.loads(line)["eval"] for line in result.stdout.splitlines()]
+    assert [e["status"] for e in evals] == ["rejected"] * 3, [e["feedback"] for e in evals]
+    assert all("[threads]" in e["feedback"] for e in evals), [e["feedback"] for e in evals]
 
 
 def test_the_cpu_demo_gives_its_hanging_candidate_a_short_run_timeout():
