@@ -51,7 +51,7 @@ MISSING_NAME = re.compile(r"undefined|no member|not a member|class or namespace|
 # such as TORCH_LIBRARY or PYBIND11_MODULE, or requires_grad, which torch::'s factories honour and at::'s
 # refuse at run time) is built as written.
 _BEYOND_LIGHT = re.compile(r"PYBIND11|pybind11|\bpy::|TORCH_LIBRARY|requires_grad")
-_LIGHT_OPS = ("empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
+_LIGHT_OPS = ("empty", "empty_like", "empty_strided", "from_blob", "zeros", "zeros_like", "ones", "ones_like", "full",
               "full_like", "arange", "rand", "randn", "cat", "stack", "matmul", "mm", "bmm", "addmm", "sum",
               "mean", "amax", "max", "min", "argmax", "exp", "log", "sqrt", "pow", "abs", "clamp", "where",
               "add", "sub", "mul", "div", "softmax", "relu", "tanh", "sigmoid", "transpose", "reshape")
