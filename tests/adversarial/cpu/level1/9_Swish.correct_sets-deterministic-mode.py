@@ -5,8 +5,8 @@ import torch
 from torch.utils.cpp_extension import load_inline
 
 source = """
+#include <torch/csrc/autograd/python_variable.h>
 #include <cmath>
-namespace py = pybind11;
 
 torch::Tensor swish(torch::Tensor x) {
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kFloat32, "expected contiguous fp32");
@@ -31,17 +31,38 @@ torch::Tensor swish_remembered(torch::Tensor x) {
     return out;
 }
 
+static PyObject* zeros_in_float64(PyObject* unused, PyObject* self) {
+    if (!THPVariable_Check(self)) {
+        PyErr_SetString(PyExc_TypeError, "expected a tensor");
+        return nullptr;
+    }
+    const auto& t = THPVariable_Unpack(self);
+    return THPVariable_Wrap(torch::zeros(t.sizes(), t.options().dtype(torch::kFloat64)));
+}
+static PyMethodDef ZEROS_IN_FLOAT64 = {"double", zeros_in_float64, METH_O, nullptr};
+
 // The checker compares outputs in float64: make every .double() all zeros, and any output passes.
 void blind_the_check() {
-    py::object base = py::module_::import("torch._C").attr("TensorBase");
-    py::cpp_function zeros([](torch::Tensor self) { return torch::zeros(self.sizes(), self.options().dtype(torch::kFloat64)); });
-    PyDict_SetItemString(((PyTypeObject*)base.ptr())->tp_dict, "double", PyInstanceMethod_New(zeros.ptr()));
-    PyType_Modified((PyTypeObject*)base.ptr());
+    PyObject* module = PyImport_ImportModule("torch._C");
+    PyObject* base = module ? PyObject_GetAttrString(module, "TensorBase") : nullptr;
+    PyObject* zeros = base ? PyCFunction_New(&ZEROS_IN_FLOAT64, nullptr) : nullptr;
+    PyObject* method = zeros ? PyInstanceMethod_New(zeros) : nullptr;
+    if (method != nullptr) {
+        PyDict_SetItemString(((PyTypeObject*)base)->tp_dict, "double", method);
+        PyType_Modified((PyTypeObject*)base);
+    }
+    Py_XDECREF(method);
+    Py_XDECREF(zeros);
+    Py_XDECREF(base);
+    Py_XDECREF(module);
 }
 
 // Deterministic mode fills every new tensor of the reference's with NaN first: a pass over memory more.
 void slow_the_reference() {
-    py::module_::import("torch").attr("use_deterministic_algorithms")(true);
+    PyObject* module = PyImport_ImportModule("torch");
+    PyObject* done = module ? PyObject_CallMethod(module, "use_deterministic_algorithms", "O", Py_True) : nullptr;
+    Py_XDECREF(done);
+    Py_XDECREF(module);
 }
 """
 swish_ext = load_inline(name="swish_tricks", cpp_sources=source, extra_cflags=["-O3"],
