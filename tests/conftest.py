@@ -1,6 +1,7 @@
 """Run in parallel (`-n 2 --dist loadgroup`, as the README runs the suite), the tests that share a module-scoped
 fixture of their file go to one worker together, so that what it makes (a batch of evaluated kernels, a tiny
 model's rollouts) is made once; every other test goes wherever a worker is free."""
+import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -41,13 +42,21 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def new_build_dir(tmp_path_factory):
     """A function that makes a build cache of a test's own at the folder it names, its light headers already
-    precompiled (made once per session and hard-linked in: each costs ~15 s of a core and 336 MB). Its candidates
-    are all built; a test of how the light headers are made or kept starts from an empty folder instead."""
-    made = tmp_path_factory.mktemp("precompiled")
-    relu = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith("correct_loop"))
-    [result] = ev.evaluate([relu], ev.EvalConfig(device="cpu", tasks=str(ROOT / "tests" / "tasks"), build_dir=str(made),
-                                                 timing_budget_s=0.0, progress=False))
-    assert result["status"] == "correct", result["feedback"]
+    precompiled (made once per run, by whichever worker asks first, and hard-linked in: each costs ~15 s of a core
+    and 336 MB). Its candidates are all built; a test of how the light headers are made or kept starts from an
+    empty folder instead."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER")  # the workers' folders share the run's folder
+    made = tmp_path_factory.getbasetemp().parent / "precompiled" if workers else tmp_path_factory.mktemp("precompiled")
+    made.mkdir(exist_ok=True)
+    with open(made / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (made / "made").exists():
+            relu = next(r for r in ev.library_records(ROOT / "solutions" / "cpu")
+                        if r["solution"].endswith("correct_loop"))
+            [result] = ev.evaluate([relu], ev.EvalConfig(device="cpu", tasks=str(ROOT / "tests" / "tasks"),
+                                                         build_dir=str(made), timing_budget_s=0.0, progress=False))
+            assert result["status"] == "correct", result["feedback"]
+            (made / "made").touch()
 
     def make(folder: Path) -> Path:
         shutil.copytree(made / "light", folder / "light", copy_function=os.link)
