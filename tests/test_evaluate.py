@@ -35,6 +35,15 @@ def cpu_solution(suffix: str, name: str | None = None) -> dict:
     return {**record, "code": re.sub(r'name="\w+"', f'name="{name}"', record["code"], count=1)} if name else record
 
 
+def cpu_sleeper() -> dict:
+    """The correct C++ ReLU whose forward sleeps instead: a candidate that holds its run until the run timeout
+    without holding a core, for tests of what happens meanwhile (a spinning one burns a core all that time)."""
+    record = cpu_solution("correct_loop")
+    code = "import time\n" + record["code"].replace("return relu_ext.relu(x.contiguous())", "time.sleep(3600)")
+    assert "time.sleep" in code
+    return {**record, "code": code, "solution": "level1/7_ReLU.timeout_sleep"}
+
+
 def expected_status(record: dict) -> str:
     variant = record["solution"].split(".", 1)[1]
     return next(s for s in sorted(ev.STATUSES, key=len, reverse=True) if variant.startswith(s))
@@ -513,9 +522,9 @@ def test_cli_an_output_that_cannot_be_written_is_one_clear_line(tmp_path, output
 
 def test_cli_a_second_run_on_the_same_output_is_refused_while_the_first_writes_it(tmp_path):
     """Two runs appending to one -o file would write every result twice: the second is refused in one line while
-    the first holds the file (here, checking a candidate that spins until its run timeout), and a resume once
+    the first holds the file (here, checking a candidate that sleeps until its run timeout), and a resume once
     the first has ended goes on from its results as usual."""
-    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("timeout_spin")) + "\n")
+    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_sleeper()) + "\n")
     out = tmp_path / "out.jsonl"
     args = [str(tmp_path / "in.jsonl"), "-o", str(out), "--device", "cpu", "--tasks", CPU["tasks"],
             "--run-timeout-s", "12", "--no-progress"]
@@ -787,9 +796,9 @@ def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
 
 
 def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
-    """Ctrl-C while the spinning candidate is being checked: the child our shutdown kills is no result. The
-    correct one runs before or after it (builds finish in any order), so it is written or not yet run."""
-    records = [cpu_solution(s) for s in ("correct_loop", "timeout_spin")]
+    """Ctrl-C while the sleeping candidate is being checked: the child our shutdown kills is no result. The
+    correct one runs before or after it, so it is written or not yet run."""
+    records = [cpu_solution("correct_loop"), cpu_sleeper()]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out.jsonl"
     command = [sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "-o", str(out), "--device", "cpu",
@@ -798,7 +807,7 @@ def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
     deadline = time.monotonic() + 30
     while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(3)  # the spinning candidate is being checked now
+    time.sleep(3)  # the sleeping candidate is being checked now
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
     _, stderr = proc.communicate(timeout=60)
     statuses = [json.loads(line)["eval"]["status"] for line in out.read_text().splitlines()] if out.exists() else []
