@@ -316,21 +316,15 @@ class BuildCache:
     def _check_light(self, arguments: dict, light: Path) -> threading.Thread | None:
         """Before a build reads them: the light headers written again where they are not their text, and the
         precompiled header removed where it is not what was recorded when it was made. A missing one is made
-        alongside the second build with these flags that finds it missing (which reads the text), as the thread
-        returned (`_precompile`); other builds meanwhile go on without it. Not for the first: a precompiled header
-        costs about three builds' CPU time and 336 MB, which flags used once (a policy tries many) never repay."""
+        alongside the build that finds it missing (which reads the text), as the thread returned
+        (`_precompile`); other builds meanwhile go on without it."""
         write_light_headers(light)
-        pch, seen = light / "torch" / "extension.h.gch", light / "seen"
+        pch = light / "torch" / "extension.h.gch"
         if pch.exists() and not _matches_digest(pch):
             pch.unlink(missing_ok=True)  # another build may have found it first
         with self.guard:
             lock = self.locks.setdefault(str(light), threading.Lock())
-            if pch.exists() or light in self.unmade:
-                return None
-            if not seen.exists():
-                seen.touch()
-                return None
-            if not lock.acquire(blocking=False):
+            if pch.exists() or light in self.unmade or not lock.acquire(blocking=False):
                 return None
         maker = threading.Thread(target=self._precompile, args=(arguments, light, lock), daemon=True)
         maker.start()

@@ -50,13 +50,12 @@ def new_build_dir(tmp_path_factory):
     made.mkdir(exist_ok=True)
     with open(made / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (made / "made").exists():  # two builds with the same flags: the second has the header made
-            library = ev.library_records(ROOT / "solutions" / "cpu")
-            kernels = [r for r in library if r["solution"].endswith(("correct_loop", "correct_fused"))]
-            results = ev.evaluate(kernels, ev.EvalConfig(device="cpu", tasks=str(ROOT / "tests" / "tasks"),
+        if not (made / "made").exists():
+            relu = next(r for r in ev.library_records(ROOT / "solutions" / "cpu")
+                        if r["solution"].endswith("correct_loop"))
+            [result] = ev.evaluate([relu], ev.EvalConfig(device="cpu", tasks=str(ROOT / "tests" / "tasks"),
                                                          build_dir=str(made), timing_budget_s=0.0, progress=False))
-            assert [r["status"] for r in results] == ["correct"] * 2, [r["feedback"] for r in results]
-            assert list(made.glob("light/*/torch/extension.h.gch"))
+            assert result["status"] == "correct", result["feedback"]
             (made / "made").touch()
 
     def make(folder: Path) -> Path:
