@@ -35,13 +35,19 @@ def cpu_solution(suffix: str, name: str | None = None) -> dict:
     return {**record, "code": re.sub(r'name="\w+"', f'name="{name}"', record["code"], count=1)} if name else record
 
 
-def cpu_sleeper() -> dict:
-    """The correct C++ ReLU whose forward sleeps instead: a candidate that holds its run until the run timeout
-    without holding a core, for tests of what happens meanwhile (a spinning one burns a core all that time)."""
+def correct_loop_doing(variant: str, body: str) -> dict:
+    """The correct C++ ReLU whose forward runs `body` instead, named level1/7_ReLU.`variant`: the same extension,
+    so no build of its own."""
     record = cpu_solution("correct_loop")
-    code = "import time\n" + record["code"].replace("return relu_ext.relu(x.contiguous())", "time.sleep(3600)")
-    assert "time.sleep" in code
-    return {**record, "code": code, "solution": "level1/7_ReLU.timeout_sleep"}
+    code = record["code"].replace("return relu_ext.relu(x.contiguous())", body)
+    assert body in code
+    return {**record, "code": code, "solution": f"level1/7_ReLU.{variant}"}
+
+
+def cpu_sleeper() -> dict:
+    """A candidate that holds its run until the run timeout without holding a core, for tests of what happens
+    meanwhile (a spinning one burns a core all that time)."""
+    return correct_loop_doing("timeout_sleep", "import time; time.sleep(3600)")
 
 
 def expected_status(record: dict) -> str:
@@ -203,13 +209,9 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help():
 def cpu_results():
     """Every hand-written C++ candidate plus process-killing variants, evaluated in one batch."""
     records = ev.library_records(ROOT / "solutions" / "cpu")
-    correct = next(r for r in records if r["solution"].endswith("correct_loop"))
-    exits = [("runtime_error_sys_exit", "import sys; sys.exit(0)"),
-             ("runtime_error_os_exit", "import os; os._exit(3)")]
-    for name, body in exits:  # same extension as the correct one, so no extra build
-        code = correct["code"].replace("return relu_ext.relu(x.contiguous())", body)
-        records.append({**correct, "code": code, "solution": f"level1/7_ReLU.{name}"})
-    records.append(dict(correct))  # an exact duplicate, as a GRPO group produces them
+    records += [correct_loop_doing("runtime_error_sys_exit", "import sys; sys.exit(0)"),
+                correct_loop_doing("runtime_error_os_exit", "import os; os._exit(3)"),
+                cpu_solution("correct_loop")]  # an exact duplicate, as a GRPO group produces them
     # the spinner holds a core until its run timeout: 12 s is still ~10x what the others take on a busy machine
     return records, ev.evaluate(records, ev.EvalConfig(**{**CPU, "run_timeout_s": 12}))
 
