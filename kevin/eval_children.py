@@ -30,7 +30,7 @@ def sandbox_mechanisms(mode: str) -> dict[str, bool]:
         print(sandbox.describe(mechanisms), file=sys.stderr)
         _SANDBOX_LINE_SHOWN.append(True)
     if any(mechanisms.values()):
-        sandbox.protect_parent()
+        sandbox.make_undumpable()
     return mechanisms
 
 
@@ -38,7 +38,8 @@ def child_settings(kind: str, readable: list[str], mechanisms: dict) -> dict[str
     """Settings of the run, judge, build and compile children. Where the GPUs' architectures are known, builds
     see no GPU: nvcc needs none, and torch then builds for those architectures instead of probing a device. Run
     and build children run candidate code and load its extensions from the cache; compile children run none,
-    nor does the judge, which is not boxed in: it must stop its runner and read its CPU time from /proc."""
+    nor does the judge, which is boxed in as far as its job allows: it may signal outside its box (it stops and
+    kills its runner) and start processes (torch.compile's workers, for --compile-baseline)."""
     env = {}
     if kind == "cuda":
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or cuda_arch_list()
@@ -47,7 +48,7 @@ def child_settings(kind: str, readable: list[str], mechanisms: dict) -> dict[str
     build_env = dict(env, CUDA_VISIBLE_DEVICES="") if "TORCH_CUDA_ARCH_LIST" in env else env
     boxed = dict(readable=tuple(readable), mechanisms=mechanisms)
     return {"run": ChildSettings(env, setup=load_from_cache, runs_candidate=True, **boxed),
-            "judge": ChildSettings(env, limit_files=False),
+            "judge": ChildSettings(env, limit_files=False, scoped=False, **boxed),
             "build": ChildSettings(build_env, setup=load_from_cache, nice=True, runs_candidate=True, **boxed),
             "compile": ChildSettings(build_env, nice=True, **boxed)}
 

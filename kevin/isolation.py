@@ -39,8 +39,10 @@ class ChildSettings:
     may read and the sandbox mechanisms it applies (`sandbox.available()`, or none), a `setup(ask)` run
     before the payload (module-level, pickled by name: the build cache's load_inline), whether it yields
     the cores (builds do, to a checking child timing a kernel beside them), whether it runs candidate code
-    (then it may start no process: nothing of the candidate's outlives the child), and whether no file it
-    writes may pass 1 GiB (all but the judge, whose shared memory holds a task's outputs, whatever their size)."""
+    (then it may start no process: nothing of the candidate's outlives the child), whether no file it
+    writes may pass 1 GiB (all but the judge, whose shared memory holds a task's outputs, whatever their size),
+    and whether Landlock keeps it from signalling processes outside its box (all but the judge, which stops
+    and kills its runner)."""
     env: dict
     readable: tuple[str, ...] = ()
     mechanisms: dict = field(default_factory=dict)
@@ -48,6 +50,7 @@ class ChildSettings:
     nice: bool = False
     runs_candidate: bool = False
     limit_files: bool = True
+    scoped: bool = True
 
 
 _CONTEXT = None
@@ -133,13 +136,15 @@ def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, de
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    if any(settings.mechanisms.values()):
+        _only_own_descriptors([conn.fileno(), alive, *([peer.fileno()] if peer is not None else [])])
     os.environ.update(settings.env)
     for name in ("TMPDIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR"):
         os.environ[name] = tmp  # what torch, CUDA and Triton would write elsewhere goes to the private folder
     tempfile.tempdir = None
     try:
         sandbox.confine([tmp, *writable], list(settings.readable), settings.mechanisms,
-                        forbid_processes=settings.runs_candidate, private_shm=True)
+                        forbid_processes=settings.runs_candidate, private_shm=True, scoped=settings.scoped)
         if settings.setup is not None:
             settings.setup(lambda request: _ask(conn, request))
         if device and device.startswith("cuda"):
@@ -160,6 +165,20 @@ def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, de
     sys.stderr.flush()
     conn.send_bytes(json.dumps(result, default=str).encode())
     conn.close()
+
+
+def _only_own_descriptors(own: list[int]) -> None:
+    """Every descriptor a child inherited but its log and `own` (its channels) made /dev/null: the fork server's
+    and multiprocessing's resource tracker's pipes are ends of processes outside the box (the tracker unlinks
+    whatever names it is sent, unboxed). The same numbers stay open, so that code holding one writes nowhere
+    instead of into a descriptor opened later under that number."""
+    inherited = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2 and int(fd) not in own]
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in inherited:
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed once listed
+            os.fstat(fd)
+            os.dup2(null, fd)
+    os.close(null)
 
 
 def _ask(conn, request: dict) -> dict:

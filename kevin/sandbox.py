@@ -12,11 +12,14 @@ A candidate is code a policy wrote while optimised for reward; the evaluator's c
   capability over anything the namespace does not own (as root: no sysctl, no mount).
 - A mount namespace (`private_shm`): a fresh tmpfs on /dev/shm, empty at the start, seen by no other child
   and gone with the process, so that shared memory is no channel between candidates.
-- seccomp: a process that opens an internet or packet socket, or calls ptrace, process_vm_*, mount,
-  unshare, setns, bpf or keyctl is killed by SIGSYS, which the evaluator reports as the rule it broke; with
-  `forbid_processes`, so is one that starts a process (fork, vfork, clone without CLONE_THREAD) or execs a
-  program, so that nothing of a candidate's outlives its child or runs outside its filter. Threads still
+- seccomp: a process that opens an internet or packet socket, or calls ptrace, process_vm_*, pidfd_getfd,
+  mount, unshare, setns, bpf or keyctl, or maps pages it has mapped a second time (mremap of size 0 or
+  MREMAP_DONTUNMAP, remap_file_pages), is killed by SIGSYS, which the evaluator reports as the rule it broke;
+  with `forbid_processes`, so is one that starts a process (fork, vfork, clone without CLONE_THREAD) or execs
+  a program, so that nothing of a candidate's outlives its child or runs outside its filter. Threads still
   start: clone3 answers ENOSYS (its flags sit in memory a filter cannot read) and glibc falls back to clone.
+  `connect` and a new unix socket answer EACCES: its only channels are the connected ones it was given.
+- Not dumpable: no process of the same user may ptrace it or open its /proc memory and descriptors.
 
 Each layer is applied where the kernel has it; `available()` says which, `--sandbox strict` refuses to run
 without all of them. Denied file writes are plain EACCES to the candidate: nothing it does outside its
@@ -40,17 +43,21 @@ _SYSCALLS = {
                    landlock_restrict_self=446, socket=41, ptrace=101, process_vm_readv=310,
                    process_vm_writev=311, mount=165, umount2=166, pivot_root=155, chroot=161, setns=308,
                    unshare=272, bpf=321, keyctl=250, add_key=248, request_key=249, fork=57, vfork=58, clone=56,
-                   clone3=435, execve=59, execveat=322),
+                   clone3=435, execve=59, execveat=322, connect=42, mremap=25, remap_file_pages=216,
+                   pidfd_getfd=438),
     "aarch64": dict(audit_arch=0xC00000B7, landlock_create_ruleset=444, landlock_add_rule=445,
                     landlock_restrict_self=446, socket=198, ptrace=117, process_vm_readv=270,
                     process_vm_writev=271, mount=40, umount2=39, pivot_root=41, chroot=51, setns=268,
                     unshare=97, bpf=280, keyctl=219, add_key=217, request_key=218, clone=220, clone3=435,
-                    execve=221, execveat=281),  # no fork or vfork: clone does both
+                    execve=221, execveat=281, connect=203, mremap=216, remap_file_pages=234,
+                    pidfd_getfd=438),  # no fork or vfork: clone does both
 }.get(_ARCH)
 _FORBIDDEN_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root",
-                    "chroot", "setns", "unshare", "bpf", "keyctl", "add_key", "request_key")
+                    "chroot", "setns", "unshare", "bpf", "keyctl", "add_key", "request_key", "pidfd_getfd",
+                    "remap_file_pages")
 _PROCESS_CALLS = ("fork", "vfork", "execve", "execveat")
 _FORBIDDEN_SOCKETS = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
+_AF_UNIX, _EACCES, _MREMAP_DONTUNMAP = 1, 13, 4
 MECHANISMS = ("landlock", "namespaces", "mount_namespace", "seccomp")
 SHM_SIZE = "1g"  # a child's private /dev/shm: far more than a kernel needs, far less than the machine's memory
 
@@ -108,19 +115,20 @@ def describe(in_force: dict[str, bool]) -> str:
     return line + (f"; not available here: {', '.join(missing)}" if missing and parts else "")
 
 
-def protect_parent() -> None:
-    """The evaluator itself: not dumpable, so that same-user processes cannot ptrace it or open its /proc
-    fd and memory files (root still can: there Landlock's ptrace rule is what protects it)."""
+def make_undumpable() -> None:
+    """This process not dumpable, so that same-user processes cannot ptrace it or open its /proc fd and memory
+    files (root still can: there Landlock's ptrace rule is what protects it): the evaluator, and every boxed child."""
     _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def confine(write: list[str], read: list[str], mechanisms: dict[str, bool], forbid_processes: bool = False,
-            private_shm: bool = False) -> None:
+            private_shm: bool = False, scoped: bool = True) -> None:
     """Box in the calling process (single-threaded: namespaces and seccomp need it, and Landlock binds only
     the calling thread and the threads it starts later). `forbid_processes`: seccomp also kills it for starting
     a process or exec'ing a program (for children that run candidate code: they need threads, never a
-    process). `private_shm`: its own empty /dev/shm, where the mount namespace is among `mechanisms`. Raises
-    OSError where a mechanism asked for fails."""
+    process). `private_shm`: its own empty /dev/shm, where the mount namespace is among `mechanisms`. Unless
+    `scoped`, it may still signal processes outside its Landlock domain (the judge stops and kills its runner).
+    Raises OSError where a mechanism asked for fails."""
     if not any(mechanisms.values()):
         return
     if mechanisms.get("namespaces"):
@@ -128,9 +136,10 @@ def confine(write: list[str], read: list[str], mechanisms: dict[str, bool], forb
     if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         _raise("prctl(PR_SET_NO_NEW_PRIVS)")
     if mechanisms.get("landlock"):
-        _landlock(write, read)  # after the mount: a Landlock domain may not mount
+        _landlock(write, read, scoped)  # after the mount: a Landlock domain may not mount
     if mechanisms.get("seccomp"):
         _seccomp(forbid_processes)
+    make_undumpable()
 
 
 def readable(extra: list[str], hidden: list[str]) -> list[str]:
@@ -162,11 +171,11 @@ def _enter_namespaces(private_shm: bool = False) -> None:
             _raise("mount(tmpfs, /dev/shm)")
 
 
-def _landlock(write: list[str], read: list[str]) -> None:
+def _landlock(write: list[str], read: list[str], scoped: bool) -> None:
     abi = landlock_abi()
     fs_rights = _FS_RIGHTS_BY_ABI[max(v for v in _FS_RIGHTS_BY_ABI if v <= abi)]
     attr = _RulesetAttr(fs_rights, _NET_TCP_BIND_CONNECT if abi >= 4 else 0,
-                        _SCOPE_ABSTRACT_UNIX_SIGNAL if abi >= 6 else 0)
+                        _SCOPE_ABSTRACT_UNIX_SIGNAL if abi >= 6 and scoped else 0)
     ruleset = _LIBC.syscall(_SYSCALLS["landlock_create_ruleset"], ctypes.byref(attr), ctypes.sizeof(attr), 0)
     if ruleset < 0:
         _raise("landlock_create_ruleset")
@@ -193,22 +202,34 @@ def _landlock(write: list[str], read: list[str]) -> None:
 
 
 def _seccomp(forbid_processes: bool) -> None:
-    """A classic BPF filter: kill the process on a forbidden call or socket family, allow the rest. With
-    `forbid_processes`: fork, vfork, exec and a clone without CLONE_THREAD are forbidden calls too, and clone3
-    answers ENOSYS (glibc then starts its threads with clone)."""
+    """A classic BPF filter: kill the process on a forbidden call or socket family, allow the rest. Nothing outside
+    the box can be talked to: `connect` and a new unix socket answer EACCES (a child's only channels are the
+    connected ones it was given; the fork server's socket, whose path a child can find in its own memory, would
+    fork anything it is sent, unboxed), and a second mapping of memory already mapped (mremap of size 0, or
+    keeping the old one, remap_file_pages) kills, so that no output can be an input's pages under another address.
+    With `forbid_processes`: fork, vfork, exec and a clone without CLONE_THREAD are forbidden calls too, and
+    clone3 answers ENOSYS (glibc then starts its threads with clone)."""
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE/JSET|K, BPF_RET|K
     forbidden = _FORBIDDEN_CALLS + tuple(c for c in _PROCESS_CALLS if forbid_processes and c in _SYSCALLS)
     program = [(ld, 4), (jeq, _SYSCALLS["audit_arch"], "next", "kill"), (ld, 0)]  # seccomp_data.arch, .nr
     if _ARCH == "x86_64":
         program.append((jge, 0x40000000, "kill", "next"))  # the x32 ABI's calls
     program += [(jeq, _SYSCALLS[name], "kill", "next") for name in forbidden]
+    program.append((jeq, _SYSCALLS["connect"], "eacces", "next"))
     if forbid_processes:  # clone's first argument: its flags (low word), on both architectures
         program += [(jeq, _SYSCALLS["clone3"], "enosys", "next"), (jeq, _SYSCALLS["clone"], "next", "not_clone"),
                     (ld, 16), (jset, _CLONE_THREAD, "allow", "kill"), "not_clone"]
+    # mremap(old, old_size, new_size, flags, ...): old_size (argument 1, two words at 24) of 0 on a shared mapping
+    # maps its pages again; MREMAP_DONTUNMAP in flags (argument 3, low word at 40) leaves the old mapping there
+    program += [(jeq, _SYSCALLS["mremap"], "next", "not_mremap"), (ld, 24), (jeq, 0, "next", "mremap_flags"),
+                (ld, 28), (jeq, 0, "kill", "next"), "mremap_flags", (ld, 40),
+                (jset, _MREMAP_DONTUNMAP, "kill", "allow"), "not_mremap"]
     program += [(jeq, _SYSCALLS["socket"], "next", "allow"), (ld, 16)]  # socket's first argument: the family
     program += [(jeq, family, "kill", "next") for family in _FORBIDDEN_SOCKETS]
-    # ALLOW, KILL (SECCOMP_RET_KILL_PROCESS), ERRNO(ENOSYS)
-    program += ["allow", (ret, 0x7FFF0000), "kill", (ret, 0x80000000), "enosys", (ret, 0x00050000 | 38)]
+    program.append((jeq, _AF_UNIX, "eacces", "next"))
+    # ALLOW, KILL (SECCOMP_RET_KILL_PROCESS), ERRNO(ENOSYS), ERRNO(EACCES)
+    program += ["allow", (ret, 0x7FFF0000), "kill", (ret, 0x80000000), "enosys", (ret, 0x00050000 | 38),
+                "eacces", (ret, 0x00050000 | _EACCES)]
     where, pc = {}, 0
     for step in program:  # a label names the position of the instruction after it
         if isinstance(step, str):

@@ -107,6 +107,19 @@ class DeviceBlock:
         return fd.value
 
 
+def _map_shared(fd: int, size: int) -> torch.Tensor:
+    """The memory file `fd` mapped, as bytes, through libc and not Python's mmap, which keeps a duplicate of the
+    descriptor: the runner closes the only one it has, so that no code of its candidate can map these pages again
+    at an address of its choosing (seccomp kills mremap's way of doing so)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    address = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), f"mmap of the shared block: {os.strerror(ctypes.get_errno())}")
+    return torch.frombuffer((ctypes.c_uint8 * size).from_address(address), dtype=torch.uint8)
+
+
 class Arena:
     """The shared block's slots as tensors, in the order of the layout (None where a value has no slot), the first
     `inputs` of them the inputs' and the rest the outputs': in a memory file mapped here, or (`device` given) in a
@@ -115,8 +128,7 @@ class Arena:
     def __init__(self, fd: int, slots: list[dict], device: torch.device | None = None, inputs: int = 0):
         self.layout, self.device, self.input_count, self.nbytes = slots, device, inputs, end_of(slots)
         if device is None:
-            self.fd, self.map = fd, mmap.mmap(fd, end_of(slots))
-            whole = torch.frombuffer(self.map, dtype=torch.uint8)
+            self.fd, whole = fd, _map_shared(fd, end_of(slots))
         else:
             index = device.index if device.index is not None else torch.cuda.current_device()
             self.block = DeviceBlock(index, end_of(slots), fd)
@@ -168,5 +180,9 @@ class Arena:
             _, fds, _, _ = socket.recv_fds(sock, 1, 1)
         if len(fds) != 1:
             raise ValueError("no shared-memory descriptor came with the arena message")
-        return cls(fds[0], message["slots"], torch.device(message["device"]) if message.get("device") else None,
-                   int(message.get("inputs", 0)))
+        arena = cls(fds[0], message["slots"], torch.device(message["device"]) if message.get("device") else None,
+                    int(message.get("inputs", 0)))
+        if arena.fd is not None:  # mapped: the runner keeps no descriptor of it
+            os.close(arena.fd)
+            arena.fd = None
+        return arena

@@ -113,6 +113,71 @@ def test_a_unix_socket_pair_still_works_under_seccomp(tmp_path):
     assert answer == {"pair": "done"}
 
 
+@needs_seccomp
+def test_a_new_unix_socket_and_connect_are_refused_so_only_given_channels_remain(tmp_path):
+    """The fork server's socket (a path) and every other listener outside are out of reach: a new unix socket and
+    connect() answer EACCES; a socket pair, connected from the start, still works (above)."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "listener"))
+    server.listen()
+
+    def probe(own):
+        a, _ = socket.socketpair()
+        return {"socket": attempt(lambda: socket.socket(socket.AF_UNIX)),
+                "connect": attempt(lambda: a.connect(str(tmp_path / "listener")))}
+
+    answer = confined(tmp_path, probe)
+    server.close()
+    assert answer == {"socket": "Permission denied", "connect": "Permission denied"}
+
+
+def map_twice(own) -> dict:
+    """Map one page of a memory file, then its pages again at a second address (mremap of size 0, as a shared
+    mapping allows); whether that gave one."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+    fd = os.memfd_create("input")
+    os.ftruncate(fd, mmap.PAGESIZE)
+    first = libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    second = libc.mremap(first, 0, mmap.PAGESIZE, 1)  # MREMAP_MAYMOVE
+    return {"second": second not in (None, ctypes.c_void_p(-1).value)}
+
+
+@needs_seccomp
+def test_pages_already_mapped_cannot_be_mapped_again(tmp_path):
+    """A second address for an input's pages would let an output be the input: the call kills (SIGSYS). Unboxed,
+    the same call does give a second mapping, so the probe is a real one."""
+    assert map_twice(None) == {"second": True}
+    assert confined(tmp_path, map_twice) == {"signal": signal.SIGSYS}
+
+
+@needs_seccomp
+def test_a_confined_child_is_not_dumpable(tmp_path):
+    import ctypes
+
+    answer = confined(tmp_path, lambda own: {"dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)})  # PR_GET_DUMPABLE
+    assert answer == {"dumpable": 0}
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="Landlock scopes signals from ABI 6 on")
+@pytest.mark.parametrize("scoped", [True, False])
+def test_only_an_unscoped_child_may_signal_a_process_outside_its_box(tmp_path, scoped):
+    """The judge stops and kills its runner, which is outside its box: it is confined unscoped; every other child
+    may signal no process outside its own."""
+    outside = subprocess.Popen(["sleep", "30"])
+    try:
+        answer = confined(tmp_path, lambda own: {"signal": attempt(lambda: os.kill(outside.pid, 0))}, scoped=scoped)
+    finally:
+        outside.kill()
+        outside.wait()
+    assert answer == {"signal": "Operation not permitted" if scoped else "done"}
+
+
 @pytest.mark.skipif(not MECHANISMS["namespaces"], reason="no user and network namespaces here")
 def test_the_network_namespace_has_no_route_to_localhost(tmp_path):
     listener = socket.socket()

@@ -350,3 +350,47 @@ def test_a_helper_process_is_killed_at_the_fork_and_dev_shm_is_no_channel_betwee
     assert got["shm_write"]["status"] == got["shm_read"]["status"] == "correct", got
     time.sleep(5)  # what a helper that had escaped would have written by now
     assert not marker.exists() and not Path(f"/dev/shm/{name}").exists()
+
+
+def reach_outside(tmp_path: Path, new_build_dir, *extra: str) -> dict:
+    """Through the CLI on the CPU: a candidate that asks the fork server for a process (which would touch a marker),
+    one that registers a host /dev/shm file with multiprocessing's resource tracker (which would unlink it as the
+    evaluator exits), and an honest ReLU. What each got, and whether the marker appeared and the file survived."""
+    project = copy_project(tmp_path)
+    marker, name = tmp_path / "forked-outside-the-box", f"kevin-tracked-{tmp_path.name}"
+    host_file = Path(f"/dev/shm/{name}")
+    host_file.write_text("not the candidate's")
+    records = [{"task": TASK, "code": attack("cpu", "ask_fork_server", marker=str(marker)), "id": "ask_fork_server"},
+               {"task": TASK, "code": attack("cpu", "tell_resource_tracker", name=name), "id": "tell_resource_tracker"},
+               {"task": TASK, "code": honest("cpu"), "id": "honest"}]
+    try:
+        done, rows = run_cli(project, records, tmp_path / "out.jsonl", new_build_dir(tmp_path / "builds"), "cpu", *extra)
+        time.sleep(2)  # the tracker cleans up once the evaluator is gone; a forked process has run by now
+        return dict(done=done, got={row["id"]: row["eval"] for row in rows}, marker=marker.exists(),
+                    survived=host_file.exists())
+    finally:
+        host_file.unlink(missing_ok=True)
+
+
+def test_no_process_outside_the_box_is_reachable_through_what_a_child_holds(tmp_path, new_build_dir):
+    """Boxed, the fork server's socket cannot be connected to (the candidate's call fails with EACCES and nothing
+    is forked) and the tracker's pipe is /dev/null in the child (the host file survives); the honest ReLU beside
+    them is correct."""
+    seen = reach_outside(tmp_path, new_build_dir)
+    assert seen["done"].returncode == 0, seen["done"].stderr[-3000:]
+    got = seen["got"]
+    assert got["ask_fork_server"]["status"] == "runtime_error", got["ask_fork_server"]
+    assert "Permission denied" in got["ask_fork_server"]["feedback"]
+    assert got["honest"]["status"] == "correct", got["honest"]["feedback"]
+    assert not seen["marker"] and seen["survived"]
+
+
+def test_unboxed_both_routes_reach_a_process_outside(tmp_path, new_build_dir):
+    """The control: with the sandbox off, the same two candidates are judged correct while the fork server forks
+    their process (the marker appears) and the tracker unlinks the host's file, so the test above tests real
+    routes."""
+    seen = reach_outside(tmp_path, new_build_dir, "--sandbox", "off")
+    assert seen["done"].returncode == 0, seen["done"].stderr[-3000:]
+    assert {name: result["status"] for name, result in seen["got"].items()} == {
+        "ask_fork_server": "correct", "tell_resource_tracker": "correct", "honest": "correct"}
+    assert seen["marker"] and not seen["survived"]
