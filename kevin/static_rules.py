@@ -104,11 +104,17 @@ def _without_comments(source: str) -> str | None:
     return None if unclosed else text
 
 
+# What reaches the value of a string that stands alone as a statement (a docstring): its name, or the routes to a
+# name that is spelt out nowhere (a computed attribute, a namespace's dict) or to the file's own text.
+READS_PROSE = re.compile(r"__doc__|__file__|__loader__|__spec__|__dict__|getattr|globals|vars|linecache")
+
+
 def native_text(code: str) -> str:
     """What the native rules read: the value of each string literal of the candidate (its C++/CUDA sources) with
     C/C++ comments removed, and its Python names (a CUDA runtime binding called from Python). Python comments drop
-    out, so an honest `// no std::thread here` or `# no std::thread` breaks no rule; docstrings stay, being values
-    the code can read (`__doc__`). Values, not spelling: in `"// x\\n std::thread t;"` the thread is code. If any
+    out, so an honest `// no std::thread here` or `# no std::thread` breaks no rule; so do docstrings and other
+    strings that stand alone as statements, unless the code has a way to read them (`READS_PROSE`: then they are
+    values it can compile). Values, not spelling: in `"// x\\n std::thread t;"` the thread is code. If any
     literal leaves a quote open, its neighbours may sit inside it, and nothing is removed. Text that is not Python
     is read as one C/C++ source."""
     try:
@@ -116,7 +122,10 @@ def native_text(code: str) -> str:
     except SyntaxError:
         stripped = _without_comments(code)
         return code if stripped is None else stripped
-    sources = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    prose = set() if READS_PROSE.search(code) else \
+        {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    sources = [n.value for n in ast.walk(tree)
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in prose]
     names = [n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else n.name
              for n in ast.walk(tree) if isinstance(n, (ast.Name, ast.Attribute, ast.alias))]
     stripped = [_without_comments(source) for source in sources]

@@ -52,9 +52,16 @@ def test_a_thread_named_in_a_python_comment_breaks_no_rule():
     assert static_check(candidate(KERNEL, prelude), "cuda") is None
 
 
-def test_a_docstring_is_a_value_the_code_can_compile_so_a_thread_in_it_counts():
+def test_a_docstring_is_prose_unless_the_code_can_read_it_so_a_thread_in_it_counts_only_then():
+    docstring = '"""Launches one block per row: no std::thread or std::async on the host."""\n'
+    assert not threads_rule_broken(docstring + candidate(KERNEL))
+    inner = candidate(KERNEL).replace("def forward(self, x):", 'def forward(self, x):\n        "no std::thread"')
+    assert not threads_rule_broken(inner)
     code = '"""__global__ void k(float* x) {}\nvoid f() { std::thread t([] {}); }"""\n' + candidate(KERNEL)
     assert threads_rule_broken(code.replace("cuda_sources=cuda_source", "cuda_sources=__doc__"))
+    assert threads_rule_broken(code.replace("cuda_sources=cuda_source",
+                                            'cuda_sources=globals()["__d" + "oc__"]'))
+    assert threads_rule_broken(code.replace("cuda_sources=cuda_source", "cuda_sources=open(__file__).read()"))
 
 
 def test_a_comment_marker_inside_a_cpp_string_hides_no_code():
