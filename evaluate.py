@@ -78,7 +78,7 @@ from kevin.eval_children import child_settings, first_lines, last_frames, sandbo
 from kevin.eval_records import already_written, library_records, open_output, read_records
 from kevin.isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
                              start_fork_server, stop_child, stop_child_later, stop_every_child)
-from kevin.judge import judge
+from kevin.judge import FLOOR_SLACK_MS, judge
 from kevin.run_child import build_candidate, run
 from kevin.static_rules import RULE_PROFILES, extract_code, kernel_names, rejection, static_check
 
@@ -320,13 +320,21 @@ def _feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s:
     return make_result(
         "correct",
         f"Correct. Your kernel runs in {cand:.4g} ms against {ref:.4g} ms for the PyTorch reference: "
-        f"a speedup of {ratio:.2f}x" + (f" (of that time, {outcome['between_calls_ms']:.3g} ms is GPU work it did "
-                                        "between its timed calls)" if outcome.get("between_calls_ms") else "")
-        + ". It can be made faster.",
+        f"a speedup of {ratio:.2f}x" + charged(outcome) + ". It can be made faster.",
         runtime_ms=cand, ref_runtime_ms=ref, speedup=ratio, max_abs_diff=outcome["max_abs_diff"],
         max_rel_diff=outcome.get("max_rel_diff"),
         time_s=outcome["times"], timing_trials=outcome["trials"], own_kernel_share=outcome["own_kernel_share"],
-        between_calls_ms=outcome.get("between_calls_ms"), **extra)
+        between_calls_ms=outcome.get("between_calls_ms"), unreported_ms=outcome.get("unreported_ms"), **extra)
+
+
+def charged(outcome: dict) -> str:
+    """What of the candidate's time the judge added to what its CUDA events reported, said in its feedback."""
+    parts = [f"{outcome['between_calls_ms']:.3g} ms is GPU work it did between its timed calls"]\
+        if outcome.get("between_calls_ms") else []
+    if (unreported := (outcome.get("unreported_ms") or 0.0) - FLOOR_SLACK_MS) > 0:
+        parts.append(f"{unreported:.3g} ms is time the judge's own clock saw each call take beyond what its CUDA "
+                     "events reported")
+    return f" (of that time, {' and '.join(parts)})" if parts else ""
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -17,15 +17,17 @@ candidate's process (the runner, run_child.py) only runs it:
   harness's own, is the candidate's time; on a GPU the runner's own CUDA events are, accepted only where the
   judge's wall clock agrees within what the harness alone takes, measured on the same runner before the
   candidate was imported, and the GPU time of whatever the runner ran between its timed calls beyond the
-  harness's own copies is added to them; every other timed call runs under the runner's kernel log, which
+  harness's own copies is added to them; and no call is paid as faster than the judge's own clock saw it take,
+  less the harness alone's time on the same inputs and a few µs (`judges_floor`); every other timed call runs under the runner's kernel log, which
   slows some kernels, and is checked, the others are reported, and their time may fall short of the logged
   calls' kernels by no more than the log costs an honest kernel;
 - each request carries a number drawn here that its answer must echo: bytes the candidate writes on the
   socket are no answer.
 
 What a candidate can still influence: by rewriting its own process's native code, the GPU times it reports
-(within that allowance) and the kernel list its profiler records (the own-kernel share); by telling the logged
-calls from the reported ones, its time by up to the log's cost; the judge decides everything else.
+(by no more than `FLOOR_SLACK_MS` below what the judge's clock saw) and the kernel list its profiler records (the
+own-kernel share); by telling the logged calls from the reported ones, its time by up to the log's cost; the judge
+decides everything else.
 """
 from __future__ import annotations
 
@@ -59,6 +61,11 @@ HARNESS_SLACK, HARNESS_SLACK_MS, CALL_SLACK = 2.0, 0.1, 0.05
 # At most this share of the CPU time of the runner's timed calls may be on other threads than the one that calls
 # forward (plus 2 ms): on the CPU an honest candidate's other threads are idle while it runs.
 MAX_OTHER_THREADS = 0.1
+# How much longer than the harness alone the judge's own clock may see a reported GPU call take (medians) beyond the
+# time its CUDA events report, without that being added to it: what an honest kernel's launch costs the host beyond
+# its GPU time, measured on the H200 (bench/timing_fidelity.py); whatever is hidden from the events (work on a
+# stream they never wait for, a clock rewritten in the runner's process) is paid beyond it.
+FLOOR_SLACK_MS = 0.02
 # GPU time the runner may spend between two timed calls beyond the harness's own (copying the outputs out, as
 # measured in the calls with no model): times, plus. What is more is the candidate's, added to each call's time.
 BETWEEN_SLACK, BETWEEN_SLACK_MS = 1.1, 0.002
@@ -299,7 +306,7 @@ def log_dodging(logged: list, reported: list, windows: dict) -> str | None:
 
 def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str | None:
     """Why the runner's reported times are shorter than what the judge saw, if they are: each call's wall
-    clock here (`go` to the answer to `collect`) less the reported time is what the harness took around it; in
+    clock here (from before its inputs are written to the answer to `collect`) less the reported time is what the harness took around it; in
     the least of the calls it may exceed the least of the clean harness-alone calls (their outputs handed over
     as every call's are) by HARNESS_SLACK times plus HARNESS_SLACK_MS, plus CALL_SLACK of its own time. A clock
     faked to read short, or work put off until the outputs are handed over, leaves the whole difference
@@ -310,6 +317,20 @@ def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str |
         return (f"[clock-mismatch] each of your timed calls took at least {min(gaps):.3g} ms longer, seen from the "
                 f"judge's process, than its reported time, where the harness alone takes {harness_ms:.3g} ms")
     return None
+
+
+def judges_floor(reported: list, observed: dict, harness_ms: float) -> tuple[list, float]:
+    """(the reported calls, each raised to the least time the judge's own clock allows for it, and how much longer
+    than their reported time the judge saw them take, in ms): the median of the judge's wall clock around each call
+    (from its inputs written to its outputs handed over) less the median of the harness alone's, against the median
+    reported time. What it saw beyond FLOOR_SLACK_MS is added to each call: no work the runner's events or kernel
+    log do not show, nor a number its process makes up, is paid as faster than the judge's own clock allows."""
+    seen = [observed[label][0] * 1e3 for label, _, _ in reported if label in observed]
+    if not seen:
+        return reported, 0.0
+    beyond = _median(seen) - harness_ms - _median([ms for _, ms, _ in reported])
+    extra = max(0.0, beyond - FLOOR_SLACK_MS)
+    return [(label, ms + extra, wall) for label, ms, wall in reported], beyond
 
 
 def slowed_reference(calls: dict, clean: dict, max_slowdown: float) -> str | None:
@@ -374,7 +395,8 @@ def charge_between_calls(rows: list, log: dict, logged: set) -> tuple[list, floa
     over (a rewritten synchronize or copy), is the call's too. The harness's own is what the clean calls spent
     between them, copying the same slots' worth of outputs."""
     between, spans = log.get("between") or [], log.get("spans") or {}
-    clean, spent = between_calls_ms(between, spans, "null/"), between_calls_ms(between, spans, "candidate/", logged)
+    clean = between_calls_ms(between, spans, "null/", logged)
+    spent = between_calls_ms(between, spans, "candidate/", logged)
     if not clean or not spent:
         return rows, 0.0
     extra = max(0.0, sum(spent) / len(spent) - BETWEEN_SLACK * _median(clean) - BETWEEN_SLACK_MS)
@@ -522,7 +544,7 @@ class Judge:
         windows, opened = report.get("windows") or {}, report.get("opened") or {}
         if self.defend and report.get("tamper"):
             return self.rejected(str(report["tamper"]))
-        share, between_ms = None, 0.0
+        share, between_ms, unreported_ms = None, 0.0, None
         candidate = calls["candidate"]
         if self.defend and self.cuda:  # the logged calls are checked, the others' times reported
             logged = [row for row in candidate if row[0] in self.logged]
@@ -541,10 +563,12 @@ class Judge:
                 self.slowed_reference(calls, clean, seed)
             if why:
                 return self.rejected(why)
+            candidate, unreported_ms = judges_floor(candidate, observed, harness["seen"])
         medians = {name: _median([ms for _, ms, _ in rows]) for name, rows in {**calls, "candidate": candidate}.items()
                    if name != "timer"}
         return {"medians": medians, "trials": len(calls["candidate"]), "max_abs_diff": worst, "max_rel_diff": worst_rel,
-                "times": self.times, "own_kernel_share": share, "between_calls_ms": between_ms}
+                "times": self.times, "own_kernel_share": share, "between_calls_ms": between_ms,
+                "unreported_ms": unreported_ms}
 
     def slowed_reference(self, calls: dict, clean: dict, seed: int) -> str | None:
         """`slowed_reference` against the reference timed before the candidate was imported, and where that finds
@@ -667,41 +691,49 @@ class Judge:
         - on a GPU, the reference's fastest call and the fastest of the judge's own one-element kernel, which
           `slowed_reference` compares with (on the CPU the runner is stopped while the reference runs, so nothing
           of the candidate's can slow it there)."""
-        walls, cpus, clean = [], [], {"reference": [], "timer": []}
+        walls, cpus, unlogged, clean = [], [], [], {"reference": [], "timer": []}
         for i in range(NULL_CALLS if self.defend else 0):
             with self.runner_stopped():
                 clean["reference"].append(self.timer(self.reference, self.reference_args(inputs), "clean")[0])
                 if self.cuda:
                     clean["timer"].append(self.timer(lambda *_: self.one_element(), [], "clean")[0])
-            wall_s, cpu_s, answer = self.timed_call(f"null/{i}", None)
+            logged = not self.cuda or i % 2 == 0  # as the candidate's calls will alternate
+            wall_s, cpu_s, answer = self.timed_call(f"null/{i}", inputs, logged, null=True)
             if failed := self.failed(answer):
                 raise RunnerGone(str(failed))
             walls.append(wall_s * 1e3 - float(answer.get("events", math.nan)))
             cpus.append(cpu_s * 1e3)
-        harness = {"wall": min(walls, default=0.0), "cpu": min(cpus, default=0.0)}
+            if logged:
+                self.logged.add(f"null/{i}")
+            else:
+                unlogged.append(wall_s * 1e3)
+        harness = {"wall": min(walls, default=0.0), "cpu": min(cpus, default=0.0),
+                   "seen": _median(unlogged) if unlogged else 0.0}
         warm = self.payload["warmup"]  # the first calls, as the timing's warm-ups, are left out where more follow
         return harness, {name: min(ms[warm:] or ms) for name, ms in clean.items()} if self.cuda and walls else {}
 
-    def timed_call(self, label: str, inputs: list | None, logged: bool = True) -> tuple[float, float, dict]:
-        """(wall seconds from `go` to the answer to `collect`, CPU seconds of the runner's process from before the
-        inputs were written to that answer, the answers) of a call on `inputs` (None: the call of no model): the
-        runner waits on its socket before and after, so that both are exact, and the work it put off until its
-        outputs are handed over is inside them too. Every call's outputs are handed over alike, into cleared
+    def timed_call(self, label: str, inputs: list, logged: bool = True, null: bool = False
+                   ) -> tuple[float, float, dict]:
+        """(wall and CPU seconds, the answers) of a call on `inputs` (`null`: of no model, on them all the same):
+        both clocks run from before the inputs are written into their slots to the answer that hands the outputs
+        over, the wall clock here and the CPU clock of the runner's process; the runner waits on its socket before
+        and after, so that both are exact, and whatever it does once its inputs are there, put off until its
+        outputs are handed over included, is inside them. Every call's outputs are handed over alike, into cleared
         slots; which of them the judge reads, the runner never learns. Unless `logged`, the kernel log's GPU side
         is off from before the call to its outputs handed over (asked outside the clocks)."""
         if not logged and (failed := self.failed(self.ask({"op": "log", "on": False}))):
             return 0.0, 0.0, failed
-        wall_s, cpu_s, answer = self.clocked_call(label, inputs)
+        wall_s, cpu_s, answer = self.clocked_call(label, inputs, null)
         if not logged and not self.failed(answer):
             answer = {**answer, **self.ask({"op": "log", "on": True})}
         return wall_s, cpu_s, answer
 
-    def clocked_call(self, label: str, inputs: list | None) -> tuple[float, float, dict]:
+    def clocked_call(self, label: str, inputs: list, null: bool) -> tuple[float, float, dict]:
         pid = self.payload["runner_pid"]
         process, main = runner_cpu_s(pid)
-        message = {"op": "go", "label": label, **({"null": True} if inputs is None else self.put_inputs(inputs))}
-        self.clear_slots()
         began = time.perf_counter()
+        message = {"op": "go", "label": label, "null": null, **self.put_inputs(inputs)}
+        self.clear_slots()
         answer = self.ask(message)
         if not self.failed(answer):
             answer = {**answer, **self.ask({"op": "collect"})}

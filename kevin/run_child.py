@@ -7,8 +7,9 @@ profiler saw, that an output is not a view of an input) is what a candidate that
 fake; the judge checks those reports against what it observes from outside (judge.py says how).
 
 What it keeps as a line of defence inside the candidate's process: memory poisoned with NaN before each
-checked call, outputs probed before a synchronize (work left on a side stream), outputs refused that share
-memory with an input, a parameter or an output of an earlier call still held, the timer (L2 flushed, CUDA
+checked call, outputs copied on the current stream as forward returns and compared after a synchronize (work
+left on a side stream), outputs refused that share memory with an input or wrap memory torch's allocator never
+handed out, the timer (L2 flushed, CUDA
 events around the call, the host's wall clock around them and a device-wide synchronize; the wall clock alone
 on the CPU), the kernel log (torch's profiler on from before the candidate is imported to the last call, its GPU
 side off in the calls whose time is reported), and the identities of everything the timer calls (`TamperCheck`).
@@ -23,6 +24,7 @@ import importlib
 import importlib.util
 import itertools
 import json
+import multiprocessing.connection
 import re
 import resource
 import sys
@@ -31,7 +33,6 @@ import time
 import traceback
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from kevin.tensor_exchange import Arena
 
@@ -68,9 +69,21 @@ def trusted_objects() -> dict:
     Every method of torch.Tensor, every builtin, torch's and torch.cuda's functions, torch._C's functions and
     the methods and descriptors of its C-level types (TensorBase, _CudaEventBase, whose elapsed_time
     torch.cuda.Event calls, ...) and of torch.cuda's classes, which native code can replace without touching
-    a Python-level object, and this module's own and the Runner's."""
+    a Python-level object, and this module's own and the Runner's; and what the GPU's numbers pass through on
+    their way to the judge: the kernel log's profiler and its events, the JSON encoder, the socket's methods."""
+    from torch.autograd import profiler, profiler_util
+
     owners = {"torch": torch, "torch.cuda": torch.cuda, "torch.Tensor": torch.Tensor, "torch._C": torch._C,
-              "builtins": builtins, "time": time, "run_child": sys.modules[__name__], "run_child.Runner": Runner}
+              "builtins": builtins, "time": time, "run_child": sys.modules[__name__], "run_child.Runner": Runner,
+              "run_child.KernelLog": KernelLog, "bisect": bisect, "json": json, "json.encoder": json.encoder,
+              "json.decoder": json.decoder, "json.JSONEncoder": json.JSONEncoder,
+              "json.JSONDecoder": json.JSONDecoder, "Connection": multiprocessing.connection.Connection,
+              "torch.profiler": torch.profiler, "torch.profiler.profile": torch.profiler.profile,
+              "torch.profiler._KinetoProfile": torch.profiler.profiler._KinetoProfile,
+              "torch.autograd.profiler": profiler, "torch.autograd.profiler.profile": profiler.profile,
+              "torch.autograd.profiler.record_function": profiler.record_function,
+              "EventList": profiler_util.EventList, "FunctionEvent": profiler_util.FunctionEvent,
+              "Interval": profiler_util.Interval}
     for label, module in (("torch._C", torch._C), ("torch.cuda", torch.cuda)):
         owners.update({f"{label}.{name}": t for name, t in vars(module).items() if isinstance(t, type)})
     return {f"{label}.{name}": value for label, owner in owners.items() for name, value in vars(owner).items()
@@ -168,19 +181,6 @@ def busy_ms(kernels: list[tuple[str, float, float]], since: float = -float("inf"
         busy += max(0.0, end - max(start, reach))
         reach = max(reach, end)
     return busy / 1e3
-
-
-def probe(out) -> list:
-    """A few elements of each output, copied to the host in order on the current stream: what a caller
-    reading the result right away would see. Copies, unlike kernels, are not held back by a kernel still
-    filling the GPU on another stream."""
-    probes = []
-    for o in flatten_outputs(out):
-        if isinstance(o, torch.Tensor) and o.is_contiguous() and o.numel():
-            flat = o.reshape(-1)
-            picks = sorted({round(i * (o.numel() - 1) / 7) for i in range(8)})
-            probes.append(torch.cat([flat[i:i + 1].to("cpu", copy=True) for i in picks]))
-    return probes
 
 
 # One product of the busy work beside a repeated run: 17 GFLOP, ~0.35 ms in fp32 on an H100 or H200.
@@ -323,6 +323,20 @@ def _span(tensor: torch.Tensor) -> tuple[int, int]:
     return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
 
 
+def input_spans(args: list) -> list[tuple[int, int]]:
+    """The memory of a call's tensor inputs, which no output may share: read off the harness's own tensors (the
+    shared block's slots), calling nothing of the candidate's between the inputs' arrival and the call."""
+    return [_span(a) for a in args if isinstance(a, torch.Tensor)]
+
+
+def as_returned(out) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(output, a copy of it made on the current stream as forward returned) for each plain tensor output: a kernel
+    still writing it on a stream the current one does not wait for leaves the copy with what was there before
+    (poison, on a GPU: NaN), and the two differ once the device is synchronised."""
+    return [(o, o.clone()) for o in flatten_outputs(out)
+            if type(o) is torch.Tensor and o.layout == torch.strided and o.device.type in ("cuda", "cpu")]
+
+
 class Runner:
     """The candidate's process, driven by the judge: one request, one answer, over their socket (JSON)."""
 
@@ -337,7 +351,6 @@ class Runner:
         self.arena = self.model = self.tamper = self.pending = None
         self.null_outputs: list[torch.Tensor] = []  # made once the arena's layout is known, until the import
         self.memory_limit: int | None = None  # bytes this process may hold, on a GPU
-        self.earlier: list = []  # (weak reference, span) of each output of the last call
         self.labels: set[str] = set()
 
     def serve(self) -> dict:
@@ -405,19 +418,20 @@ class Runner:
 
     def call(self, message: dict) -> dict:
         """A checked call: into poisoned memory, with `beside_ms` of other work on the GPU (a race lands
-        elsewhere), outputs probed before and after a device-wide synchronize and copied to the judge."""
+        elsewhere), each output copied on the current stream as forward returns (what its caller would read) and
+        compared with itself after a device-wide synchronize, then copied to the judge."""
         self.poison()
         args = self.arguments(message)
         beside = busy_side_stream(self.device, message.get("beside_ms", 0.0)) \
             if self.cuda and message.get("beside_ms") else None
-        held = self.held_memory(args)
+        held = input_spans(args)
         out = self.model(*args)
-        early = probe(out) if self.defend else []
+        early = as_returned(out) if self.defend else []
         if self.cuda:
             torch.cuda.synchronize()
         del beside
         answer = self.put_outputs(out, held)
-        answer["unsynchronized"] = any(not identical(a, b) for a, b in zip(early, probe(out)))
+        answer["unsynchronized"] = any(not identical(a, b) for a, b in early)
         return answer
 
     def go(self, message: dict) -> dict:
@@ -428,10 +442,9 @@ class Runner:
         clocks. With `null`, the call is of no model at all: what the harness alone costs, handing over included,
         asked before the candidate is imported (its outputs made once, ahead: making an output is the model's
         work, and the reference's)."""
-        null = bool(message.get("null"))
-        args = [] if null else self.arguments(message)
-        model = (lambda *a: self.null_outputs) if null else self.model
-        held = [] if null else self.held_memory(args)
+        args = self.arguments(message)
+        model = (lambda *a: self.null_outputs) if message.get("null") else self.model
+        held = input_spans(args)
         self.labels.add(message["label"])
         events, wall, out = self.timer(model, args, message["label"])
         self.pending = {"out": out, "held": held}
@@ -447,22 +460,12 @@ class Runner:
         pending, self.pending = self.pending, None
         return self.put_outputs(pending["out"], pending["held"])
 
-    def held_memory(self, args: list) -> list[tuple[str, tuple[int, int]]]:
-        """What an output must not share memory with: the inputs, the parameters and buffers, and the outputs of
-        the last call that something still holds."""
-        held = [("an input", _span(a)) for a in args if isinstance(a, torch.Tensor)]
-        if self.model is not None:
-            held += [("a parameter or buffer of ModelNew", _span(t))
-                     for t in (*self.model.parameters(), *self.model.buffers())]
-        held += [("an output of an earlier call that it still holds", span) for ref, span in self.earlier
-                 if not ref.expired()]
-        self.earlier = []
-        return held
-
-    def put_outputs(self, out, held: list) -> dict:
+    def put_outputs(self, out, inputs: list[tuple[int, int]]) -> dict:
         """Each output's shape and dtype (what else it is, if not a plain dense tensor on this device), copied into
-        the judge's slot where it has the slot's shape and dtype; an output sharing memory with `held` is
-        refused."""
+        the judge's slot where it has the slot's shape and dtype (in the judge's clocks: making a strided output
+        dense is the call's cost); an output sharing memory with an input (`inputs`: their spans) or in memory
+        torch's allocator never handed out is refused. An output the candidate keeps and writes again on every call
+        is its own affair: the judge reads a copy taken as the call returned."""
         outputs = flatten_outputs(out)
         described = []
         for i, o in enumerate(outputs):
@@ -480,16 +483,13 @@ class Runner:
                 continue
             begin, end = _span(o) if o.numel() else (0, 0)
             where = f"output {i} " if len(outputs) > 1 else "the output "
-            for what, (b, e) in held:
-                if o.numel() and begin < e and b < end:
-                    return {"rejected": f"[output-alias] {where}shares memory with {what}: return a new tensor "
-                                        "that your kernel writes on every call"}
+            if o.numel() and any(begin < e and b < end for b, e in inputs):
+                return {"rejected": f"[output-alias] {where}shares memory with an input: return a tensor that your "
+                                    "kernel writes"}
             if o.numel() and not o.untyped_storage().resizable():
-                return {"rejected": f"[output-alias] {where}wraps memory that torch's allocator did not hand out for "
-                                    "this call (from_blob over a buffer you keep): return a new tensor that your "
-                                    "kernel writes on every call"}
-            if o.numel():
-                self.earlier.append((StorageWeakRef(o.untyped_storage()), (begin, end)))
+                return {"rejected": f"[output-alias] {where}wraps memory that torch's allocator did not hand out "
+                                    "(from_blob): the judge cannot tell it from an input mapped at a second address; "
+                                    "allocate outputs with torch (torch::empty, or a buffer made once in __init__)"}
             dtype = str(o.dtype).removeprefix("torch.")
             slot = self.arena.outputs[i] if i < len(self.arena.outputs) else None
             if slot is not None and list(slot.shape) == list(o.shape) and slot.dtype == o.dtype:

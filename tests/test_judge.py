@@ -150,11 +150,11 @@ def test_gpu_work_between_timed_calls_beyond_the_harnesss_copies_is_added_to_eac
     """Kernel times as the runner's profiler reports them (µs): clean calls each followed by a 10 µs copy of their
     outputs; a candidate whose calls are each followed by that copy and 200 µs of its own work (launched before
     its window opens, or as its outputs are handed over) is charged that work in each reported call; an honest
-    one nothing. Only the gaps after logged calls count: after an unlogged one the log's GPU side is off until
-    its outputs are handed over, and its empty gap would halve the charge."""
+    one nothing. Only the gaps after logged calls count, the clean calls' as the candidate's: after an unlogged one
+    the log's GPU side is off until its outputs are handed over, and its empty gap would halve the charge."""
     spans = {f"null/{i}": (1000 * i, 1000 * i + 50) for i in range(5)}
     between = [(1000 * i + 60, 1000 * i + 70) for i in range(5)]
-    logged = {f"candidate/{i}" for i in range(1, 8, 2)}
+    logged = {f"candidate/{i}" for i in range(1, 8, 2)} | {f"null/{i}" for i in range(0, 5, 2)}
     rows, honest, hidden = [], [], []
     for i in range(8):
         start = 10_000 + 1000 * i
@@ -245,3 +245,17 @@ def test_the_reference_is_timed_only_once_every_thread_of_the_runner_is_stopped(
     finally:
         child.kill()
         child.wait()
+
+
+def test_no_reported_call_is_paid_faster_than_the_judges_own_clock_allows():
+    """The judge saw each reported call 0.3 ms longer than the harness alone took plus its reported time (work its
+    events never saw): that is added to each call; an honest candidate, seen within FLOOR_SLACK_MS, keeps its
+    times."""
+    reported = [(f"candidate/{i}", 0.1, 0.15) for i in range(0, 8, 2)]
+    honest = {label: ((0.05 + ms + jg.FLOOR_SLACK_MS / 2) / 1e3, 0.0) for label, ms, _ in reported}
+    assert jg.judges_floor(reported, honest, harness_ms=0.05)[0] == reported
+    hidden = {label: ((0.05 + ms + 0.3) / 1e3, 0.0) for label, ms, _ in reported}
+    floored, beyond = jg.judges_floor(reported, hidden, harness_ms=0.05)
+    assert beyond == pytest.approx(0.3)
+    assert [ms for _, ms, _ in floored] == pytest.approx([0.1 + 0.3 - jg.FLOOR_SLACK_MS] * 4)
+

@@ -1,7 +1,6 @@
 """Returns the output of a remembered input when the first values of a new one are within 1e-2 of it: timed
 inputs that are small perturbations of a few base inputs would all be served from memory. Every timed call
-gets an independent draw of inputs, so it never finds one and is timed on its honest kernel. (It hands back
-a copy: the remembered tensor itself would be memory held from an earlier call, `[output-alias]`.)"""
+gets an independent draw of inputs, so it never finds one and is timed on its honest kernel."""
 import torch
 from torch.utils.cpp_extension import load_inline
 

@@ -1,6 +1,7 @@
 """Computes ReLU into one output buffer that its extension allocated on the first call and keeps (a static
-tensor in C++), and returns that same buffer every time: each call overwrites what the caller got from the
-last, and a check that runs it twice compares a buffer with itself."""
+tensor in C++), and returns that same buffer every time, overwritten by each call: an honest way to save an
+allocation. The judge reads a copy of each output taken as the call returned, so a check that runs it twice
+compares two copies, not a buffer with itself: correct, about as fast as its honest twin."""
 import torch
 from torch.utils.cpp_extension import load_inline
 

@@ -1,6 +1,6 @@
 """Computes ReLU once per input shape and returns the remembered tensor afterwards. Benchmarks that feed
-the same inputs every time cannot tell; here the second call (a repeat on the same inputs) already returns
-memory it held before the call, `[output-alias]`; fresh inputs would make it plainly wrong after that."""
+the same inputs every time cannot tell; here the repeats on the first inputs agree (the same values), and the
+second correctness trial's fresh inputs make it plainly wrong."""
 import torch
 from torch.utils.cpp_extension import load_inline
 

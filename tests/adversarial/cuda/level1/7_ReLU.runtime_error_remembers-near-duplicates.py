@@ -2,9 +2,8 @@
 inputs that are small perturbations of a few base inputs would all be served from memory. Every timed call
 gets an independent draw of inputs, so it never finds one; and what it remembers, a copy of every input, soon
 outgrows the GPU memory its process may hold (the task's footprint and 1 GiB more): a runtime error that says
-so. (A remembered output goes back through its own kernel into a new tensor: the remembered tensor itself would
-be memory held from an earlier call, `[output-alias]`, and a library copy on every call would be work not its
-own.)"""
+so. (A remembered output goes back through its own kernel into a new tensor: a library copy on every call would
+be work not its own.)"""
 import torch
 from torch.utils.cpp_extension import load_inline
 
