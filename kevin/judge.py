@@ -117,6 +117,26 @@ def make_inputs(task, device: torch.device, seed: int) -> list:
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
+def move(inputs: list, seed: int) -> list:
+    """`inputs`, each floating tensor among them scaled and shifted in place by numbers drawn from `seed` (scale
+    log-uniform in [0.5, 2], shift uniform in [-1, 1], or [0, 1] where it is nowhere negative): where a task's output
+    barely moves across the draws of its get_inputs (a mean over a million elements), an output that ignores its
+    inputs (the expected value, written by a kernel) would pass every draw; on moved draws it is wrong. Tensors of
+    two values or fewer (labels of ±1, masks) are left as they are, and so are integer ones (indices)."""
+    draw = random.Random(seed)
+    for x in inputs:
+        scale, shift = math.exp(draw.uniform(-math.log(2), math.log(2))), draw.uniform(-1.0, 1.0)
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() and \
+                x.reshape(-1)[:1024].unique().numel() > 2:
+            x.mul_(scale).add_(abs(shift) if bool(x.min() >= 0) else shift)
+    return inputs
+
+
+def non_finite(outputs: list) -> int:
+    return sum(int((~torch.isfinite(o)).sum()) for o in outputs if isinstance(o, torch.Tensor)
+               and o.is_floating_point())
+
+
 class RunnerGone(Exception):
     """The runner closed its socket: it crashed, was killed, or exited; the evaluator has its exit status."""
 
@@ -435,6 +455,7 @@ class Judge:
         self.other_threads_s = 0.0  # CPU time of the runner's threads but its main one, in timed calls
         self.logged: set[str] = set()  # the labels of the candidate's timed calls made under the kernel log
         self.reference_changes_inputs = True  # until the first draw shows otherwise: its inputs cloned for it
+        self.moved = False  # whether every draw of inputs is moved (`move`): decided on the first draw
         self.memory: dict[str, int] = {}  # bytes: the task's footprint, the runner's limit and peak
 
     # ------------------------------------------------------------------------------------------ the runner
@@ -461,7 +482,8 @@ class Judge:
         return answer
 
     def make_inputs(self, seed: int) -> list:
-        return make_inputs(self.task, self.device, seed)
+        inputs = make_inputs(self.task, self.device, seed)
+        return move(inputs, seed) if self.moved else inputs
 
     def outputs(self, described: list) -> list[dict]:
         """The runner's outputs as described, each tensor that fits its slot copied out of it now (the judge's own
@@ -621,11 +643,27 @@ class Judge:
         peak = max(peak - before - tensor_bytes(ref_args), tensor_bytes(inputs) + tensor_bytes(outputs))
         self.memory["footprint"] = peak + tensor_bytes([*self.reference.parameters(), *self.reference.buffers()])
         shapes = [o.to("meta") if isinstance(o, torch.Tensor) else o for o in outputs]
+        bad = non_finite(outputs)
         del ref_args, outputs
+        if self.defend:
+            del inputs  # one draw at a time
+            inputs = self.moved_if_the_task_allows(seed, bad)
         if self.cuda:  # the block is the driver's memory, not the allocator's: what it keeps cached goes back first
             torch.cuda.empty_cache()
         self.arena = Arena.create(inputs, shapes, self.device)
         return inputs
+
+    def moved_if_the_task_allows(self, seed: int, non_finite_outputs: int) -> list:
+        """The first draw moved (`move`), and every later one from now on, where the reference takes moved inputs as
+        it takes the task's own (no error, no more non-finite outputs: a task whose inputs must be a valid
+        probability or lie in [-1, 1] keeps its own); else the task's own first draw."""
+        self.moved = True
+        inputs = self.make_inputs(seed)
+        try:
+            self.moved = non_finite(flatten_outputs(self.reference(*clone(inputs)))) <= non_finite_outputs
+        except Exception:
+            self.moved = False
+        return inputs if self.moved else self.make_inputs(seed)
 
     def admit(self) -> int | None:
         """The bytes the runner may allocate (None on the CPU), once the GPU has them free beside what the judge's

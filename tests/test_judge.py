@@ -259,3 +259,16 @@ def test_no_reported_call_is_paid_faster_than_the_judges_own_clock_allows():
     assert beyond == pytest.approx(0.3)
     assert [ms for _, ms, _ in floored] == pytest.approx([0.1 + 0.3 - jg.FLOOR_SLACK_MS] * 4)
 
+
+def test_moved_inputs_are_the_same_for_the_same_seed_and_leave_labels_and_indices_alone():
+    torch.manual_seed(0)
+    draw = [torch.randn(4096), torch.rand(4096), torch.randint(0, 2, (4096,)).float() * 2 - 1,
+            torch.randint(0, 10, (4096,)), 3.0]
+    first, again = jg.move([x.clone() if torch.is_tensor(x) else x for x in draw], 7), \
+        jg.move([x.clone() if torch.is_tensor(x) else x for x in draw], 7)
+    assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(first, again))
+    assert not torch.equal(first[0], draw[0]) and not torch.equal(first[1], draw[1])
+    assert bool((first[1] >= 0).all())  # nowhere negative stays so: a shift up, never down
+    assert torch.equal(first[2], draw[2]) and torch.equal(first[3], draw[3]) and first[4] == 3.0
+    others = jg.move([x.clone() if torch.is_tensor(x) else x for x in draw], 8)
+    assert not torch.equal(others[0], first[0])
