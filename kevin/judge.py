@@ -63,8 +63,9 @@ HARNESS_SLACK, HARNESS_SLACK_MS, CALL_SLACK = 2.0, 0.1, 0.05
 MAX_OTHER_THREADS = 0.1
 # How much longer than the harness alone the judge's own clock may see a reported GPU call take (medians) beyond the
 # time its CUDA events report, without that being added to it: what an honest kernel's launch costs the host beyond
-# its GPU time, measured on the H200 (bench/timing_fidelity.py); whatever is hidden from the events (work on a
-# stream they never wait for, a clock rewritten in the runner's process) is paid beyond it.
+# its GPU time (a first estimate: bench/timing_fidelity.py prints its spread over the honest kernels, which sets it);
+# whatever is hidden from the events (work on a stream they never wait for, a clock rewritten in the runner's
+# process) is paid beyond it.
 FLOOR_SLACK_MS = 0.02
 # GPU time the runner may spend between two timed calls beyond the harness's own (copying the outputs out, as
 # measured in the calls with no model): times, plus. What is more is the candidate's, added to each call's time.
