@@ -139,8 +139,8 @@ def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, de
     if any(settings.mechanisms.values()):
         _only_own_descriptors([conn.fileno(), alive, *([peer.fileno()] if peer is not None else [])])
     os.environ.update(settings.env)
-    for name in ("TMPDIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR"):
-        os.environ[name] = tmp  # what torch, CUDA and Triton would write elsewhere goes to the private folder
+    for name in ("TMPDIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+        os.environ[name] = tmp  # what torch, CUDA, Triton and Inductor would write elsewhere: the private folder
     tempfile.tempdir = None
     try:
         sandbox.confine([tmp, *writable], list(settings.readable), settings.mechanisms,
