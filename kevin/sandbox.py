@@ -18,7 +18,8 @@ A candidate is code a policy wrote while optimised for reward; the evaluator's c
   with `forbid_processes`, so is one that starts a process (fork, vfork, clone without CLONE_THREAD) or execs
   a program, so that nothing of a candidate's outlives its child or runs outside its filter. Threads still
   start: clone3 answers ENOSYS (its flags sit in memory a filter cannot read) and glibc falls back to clone.
-  `connect` and a new unix socket answer EACCES: its only channels are the connected ones it was given.
+  `connect` answers EACCES: its only channels are the connected ones it was given (a new unix socket may be
+  made, as CUDA's driver does as it starts, but connects to nothing).
 - Not dumpable: no process of the same user may ptrace it or open its /proc memory and descriptors.
 
 Each layer is applied where the kernel has it; `available()` says which, `--sandbox strict` refuses to run
@@ -57,7 +58,7 @@ _FORBIDDEN_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "mount", 
                     "remap_file_pages")
 _PROCESS_CALLS = ("fork", "vfork", "execve", "execveat")
 _FORBIDDEN_SOCKETS = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
-_AF_UNIX, _EACCES, _MREMAP_DONTUNMAP = 1, 13, 4
+_EACCES, _MREMAP_DONTUNMAP = 13, 4
 MECHANISMS = ("landlock", "namespaces", "mount_namespace", "seccomp")
 SHM_SIZE = "1g"  # a child's private /dev/shm: far more than a kernel needs, far less than the machine's memory
 
@@ -203,9 +204,9 @@ def _landlock(write: list[str], read: list[str], scoped: bool) -> None:
 
 def _seccomp(forbid_processes: bool) -> None:
     """A classic BPF filter: kill the process on a forbidden call or socket family, allow the rest. Nothing outside
-    the box can be talked to: `connect` and a new unix socket answer EACCES (a child's only channels are the
-    connected ones it was given; the fork server's socket, whose path a child can find in its own memory, would
-    fork anything it is sent, unboxed), and a second mapping of memory already mapped (mremap of size 0, or
+    the box can be talked to: `connect` answers EACCES (a child's only channels are the connected ones it was
+    given; the fork server's socket, whose path a child can find in its own memory, would fork anything it is sent,
+    unboxed; a new unix socket is allowed, since CUDA's driver fails to start without one), and a second mapping of memory already mapped (mremap of size 0, or
     keeping the old one, remap_file_pages) kills, so that no output can be an input's pages under another address.
     With `forbid_processes`: fork, vfork, exec and a clone without CLONE_THREAD are forbidden calls too, and
     clone3 answers ENOSYS (glibc then starts its threads with clone)."""
@@ -226,7 +227,6 @@ def _seccomp(forbid_processes: bool) -> None:
                 (jset, _MREMAP_DONTUNMAP, "kill", "allow"), "not_mremap"]
     program += [(jeq, _SYSCALLS["socket"], "next", "allow"), (ld, 16)]  # socket's first argument: the family
     program += [(jeq, family, "kill", "next") for family in _FORBIDDEN_SOCKETS]
-    program.append((jeq, _AF_UNIX, "eacces", "next"))
     # ALLOW, KILL (SECCOMP_RET_KILL_PROCESS), ERRNO(ENOSYS), ERRNO(EACCES)
     program += ["allow", (ret, 0x7FFF0000), "kill", (ret, 0x80000000), "enosys", (ret, 0x00050000 | 38),
                 "eacces", (ret, 0x00050000 | _EACCES)]

@@ -114,9 +114,10 @@ def test_a_unix_socket_pair_still_works_under_seccomp(tmp_path):
 
 
 @needs_seccomp
-def test_a_new_unix_socket_and_connect_are_refused_so_only_given_channels_remain(tmp_path):
-    """The fork server's socket (a path) and every other listener outside are out of reach: a new unix socket and
-    connect() answer EACCES; a socket pair, connected from the start, still works (above)."""
+def test_connect_is_refused_so_only_given_channels_remain(tmp_path):
+    """The fork server's socket (a path) and every other listener outside are out of reach: connect() answers
+    EACCES; a new unix socket may be made (CUDA's driver fails to start without one: Error 304 in every runner on
+    the H100), and a socket pair, connected from the start, still works (above)."""
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(tmp_path / "listener"))
     server.listen()
@@ -128,7 +129,7 @@ def test_a_new_unix_socket_and_connect_are_refused_so_only_given_channels_remain
 
     answer = confined(tmp_path, probe)
     server.close()
-    assert answer == {"socket": "Permission denied", "connect": "Permission denied"}
+    assert answer == {"socket": "done", "connect": "Permission denied"}
 
 
 def map_twice(own) -> dict:
