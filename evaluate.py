@@ -591,8 +591,11 @@ class Evaluator:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def finish(self, tags: list, result: dict, started: float) -> None:
-        result["time_s"] = {**result.get("time_s", {}), "total": round(time.perf_counter() - started, 3)}
+    def finish(self, tags: list, result: dict, submitted: float) -> None:
+        """Hand `result` to every record of the candidate. Its `total` is the candidate's own time, its build and its
+        check: the seconds since `submitted` less those it `queued` behind others (for a compile slot, a device)."""
+        times = result.get("time_s", {})
+        result["time_s"] = {**times, "total": round(time.perf_counter() - submitted - times.get("queued", 0.0), 3)}
         with self.lock:
             if self.stopping:
                 return
@@ -652,8 +655,9 @@ class Evaluator:
         """Import one candidate in a child, which has the cache build its extensions, then queue it for a
         device, or finish it as a build failure."""
         task_path, candidate, _, tags = job
-        started = time.perf_counter()
+        submitted = time.perf_counter()
         with self.cache.slot():
+            slot_wait = time.perf_counter() - submitted  # behind the other candidates' builds
             if self.stopping:
                 return
             with self.busy["build"]():
@@ -662,11 +666,14 @@ class Evaluator:
                                        serve=self.cache.request)
         outcome["cpu_s"] = _number(outcome.get("cpu_s")) + self.cache.compile_cpu_s()
         if not (outcome.get("timeout") or "crash" in outcome or "error" in outcome):
-            self.ready.put((job, started, _number(outcome.get("seconds")), outcome["cpu_s"]))
+            self.ready.put((job, submitted, slot_wait, time.perf_counter(), _number(outcome.get("seconds")),
+                            outcome["cpu_s"]))
             return
         self.still_to_run(taken=1)  # it will not reach a device
-        self.finish(tags, _build_failure(outcome, candidate, self.build_root, self.cfg.compile_timeout_s,
-                                         time.perf_counter() - started, self.cfg.rules), started)
+        result = _build_failure(outcome, candidate, self.build_root, self.cfg.compile_timeout_s,
+                                time.perf_counter() - submitted - slot_wait, self.cfg.rules)
+        result["time_s"]["queued"] = round(slot_wait, 3)
+        self.finish(tags, result, submitted)
 
     def start_pair(self, device: str, logs) -> tuple:
         """A runner (sandboxed: it will import the candidate) and its judge (never imports candidate code),
@@ -713,24 +720,25 @@ class Evaluator:
                                    for _ in range(min(self.cfg.spare_children, self.still_to_run())))
         while (item := self.ready.get()) is not None and not self.stopping:
             left = self.still_to_run(taken=1)
-            (task_path, candidate, kernels, tags), started, build_s, build_cpu_s = item
+            (task_path, candidate, kernels, tags), submitted, slot_wait, built_at, build_s, build_cpu_s = item
             pair = spares.popleft() if spares else None
             if pair is None or not all(child[0].is_alive() for child in pair):
                 pair = self.start_pair(device, logs)
             if len(spares) < min(self.cfg.spare_children, left):
                 spares.append(self.start_pair(device, logs))
             run_started, sent_at = time.perf_counter(), time.time()
+            queued = slot_wait + run_started - built_at  # behind the candidates checked before it
             with self.busy["check"]():
                 outcome, run_cpu_s = self.judge_candidate(pair, task_path, candidate, kernels, device)
             result = build_feedback(outcome, build_root=self.build_root, candidate_path=candidate,
                                     timeout_s=self.cfg.run_timeout_s, rules=self.cfg.rules)
             times = {k: round(v, 3) for k, v in result["time_s"].items()}
             waited = max(0.0, _number(outcome.get("ready_at", sent_at)) - sent_at)  # the judge was still setting up
-            result["time_s"] = {"compile": round(build_s, 3), "run": round(time.perf_counter() - run_started, 3),
-                                "wait": round(waited, 3), **times}
+            result["time_s"] = {"compile": round(build_s, 3), "queued": round(queued, 3),
+                                "run": round(time.perf_counter() - run_started, 3), "wait": round(waited, 3), **times}
             result["cpu_s"] = {"compile": round(build_cpu_s, 3),
                                "run": None if run_cpu_s is None else round(run_cpu_s, 3)}
-            self.finish(tags, result, started)
+            self.finish(tags, result, submitted)
         for pair in spares:
             for child in pair:
                 stop_child_later(child)
@@ -740,15 +748,17 @@ class Evaluator:
 # Command line
 
 
-def summary_table(evals: list[dict], records: list[dict]) -> str:
-    """One row per candidate (for small runs), counts per status, then speedups over the correct ones."""
+def summary_table(evals: list[dict], records: list[dict], first: int = 1) -> str:
+    """One row per candidate (for small runs), counts per status, then speedups over the correct ones. A row names
+    its candidate by its `solution` where the record has one, else by its task and its number in the input (the
+    first of `records` is number `first`): the replies to one task must be told apart."""
     if not evals:
         return "no rows: no candidates were evaluated"
     lines = []
     if len(evals) <= 40:
         lines += ["| candidate | status | speedup | runtime ms | eager ms |", "|---|---|---|---|---|"]
-        for record, e in zip(records, evals):
-            name = record.get("solution") or record["task"]
+        for number, (record, e) in enumerate(zip(records, evals), first):
+            name = record.get("solution") or f"{record['task']}, record {number}"
             fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else "-"  # noqa: E731
             lines.append(f"| {name} | {e['status']} | {fmt(e['speedup'])} | {fmt(e['runtime_ms'])} "
                          f"| {fmt(e['ref_runtime_ms'])} |")
@@ -776,6 +786,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 DEMO_RUN_TIMEOUT_S = 30.0
+
+
+class OutputClosed(Exception):
+    """What reads the results went away (`evaluate.py IN.jsonl | head -1`): the run ends quietly, as a Unix tool's."""
 
 
 def _config(args: argparse.Namespace) -> EvalConfig:
@@ -833,8 +847,11 @@ def main(argv=None):
         pending[i] = result
         while len(written) in pending:  # results come in any order; lines go out in input order
             result = pending.pop(len(written))
-            out.write(json.dumps({**records[done + len(written)], "eval": result}) + "\n")
-            out.flush()
+            try:
+                out.write(json.dumps({**records[done + len(written)], "eval": result}) + "\n")
+                out.flush()
+            except BrokenPipeError:
+                raise OutputClosed from None
             written.append(result)
 
     started()  # from here on, a Ctrl-C is main's to report
@@ -843,10 +860,13 @@ def main(argv=None):
     except KeyboardInterrupt:  # evaluate has dropped what its stopped children would have said
         print(f"interrupted: {done + len(written)} of {len(records)} written; re-run to resume", file=sys.stderr)
         raise SystemExit(130) from None
+    except OutputClosed:  # evaluate has stopped its children; what stdout still buffers goes nowhere, unreported
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(128 + signal.SIGPIPE) from None  # the status of a Unix tool that SIGPIPE ended
     finally:
         if out is not sys.stdout:
             out.close()
-    print(summary_table(written, records[done:]), file=sys.stderr)
+    print(summary_table(written, records[done:], first=done + 1), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -39,15 +39,26 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: not shared[item])
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_precompiled_header_left(tmp_path_factory):
+    """A precompiled header (336 MB) is a cache that any run makes again, never what a failed test's folder is kept
+    for: once this process's tests are done, none is left in its folders (pytest keeps them all when one fails)."""
+    yield
+    for header in tmp_path_factory.getbasetemp().rglob("*.gch"):
+        header.unlink()
+
+
 @pytest.fixture(scope="session")
 def new_build_dir(tmp_path_factory):
     """A function that makes a build cache of a test's own at the folder it names, its light headers already
     precompiled (made once per run, by whichever worker asks first, and hard-linked in: each costs ~15 s of a core
     and 336 MB). Its candidates are all built; a test of how the light headers are made or kept starts from an
-    empty folder instead."""
+    empty folder instead. The last worker done with it empties it (one that asks later makes it again)."""
     workers = os.environ.get("PYTEST_XDIST_WORKER")  # the workers' folders share the run's folder
     made = tmp_path_factory.getbasetemp().parent / "precompiled" if workers else tmp_path_factory.mktemp("precompiled")
     made.mkdir(exist_ok=True)
+    users = open(made / "users", "a")  # locked shared by each worker that may still link from it
+    fcntl.flock(users, fcntl.LOCK_SH)
     with open(made / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (made / "made").exists():
@@ -61,4 +72,14 @@ def new_build_dir(tmp_path_factory):
     def make(folder: Path) -> Path:
         shutil.copytree(made / "light", folder / "light", copy_function=os.link)
         return folder
-    return make
+    yield make
+    with users:
+        try:
+            fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another worker still links from it
+            return
+        for path in made.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.name not in ("users", "lock"):
+                path.unlink()

@@ -4,6 +4,7 @@ The CPU tests build real extensions with load_inline (C++ only) and run them in 
 the GPU tests do the same with the CUDA kernels in solutions/cuda/. Each file in solutions/ is named
 after the status the evaluator must give it."""
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -554,6 +555,54 @@ def test_cli_reads_stdin(cpu_results):
     assert json.loads(result.stdout)["eval"]["status"] == "format_error"
 
 
+def test_cli_a_closed_stdout_ends_the_run_quietly_and_stops_the_candidates_still_to_come(tmp_path):
+    """`evaluate.py IN.jsonl | head -1`: the write after the reader left ends the run as a Unix tool's (status 141,
+    no traceback, nothing from the interpreter's exit), without waiting for the sleeping candidate behind it. One
+    compile worker builds, so checks, the correct one before the sleeper."""
+    records = [{"task": "level1/7_ReLU", "code": "no code"}, cpu_solution("correct_loop"), cpu_sleeper()]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    command = [sys.executable, str(ROOT / "evaluate.py"), str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks",
+               CPU["tasks"], "--compile-workers", "1", "--timing-budget-s", "0.5", "--run-timeout-s", "300",
+               "--no-progress"]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert json.loads(proc.stdout.readline())["eval"]["status"] == "format_error"
+    servers = fork_servers_of(proc.pid)
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 141, stderr
+    assert not re.search("Traceback|BrokenPipeError|Exception ignored", stderr), stderr
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in servers):
+        time.sleep(0.2)
+    assert servers and not any(Path(f"/proc/{pid}").exists() for pid in servers)
+
+
+def test_cli_summary_rows_tell_the_replies_to_one_task_apart(tmp_path):
+    """A row is named by the record's `solution` where it has one, else by its task and its number in the input."""
+    records = [{"task": "level1/7_ReLU", "code": "no code", "solution": "level1/7_ReLU.mine"},
+               {"task": "level1/7_ReLU", "code": "prose"}, {"task": "level1/7_ReLU", "code": "more prose"}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], "--no-progress")
+    assert result.returncode == 0, result.stderr
+    names = [line.split(" | ")[0].removeprefix("| ") for line in result.stderr.splitlines()
+             if line.startswith("| level1/")]
+    assert names == ["level1/7_ReLU.mine", "level1/7_ReLU, record 2", "level1/7_ReLU, record 3"]
+
+
+def test_cli_a_candidate_queued_behind_a_hanging_one_counts_only_its_own_time(tmp_path):
+    """One compile worker and one device: the correct candidate waits out the spinner's 12 s run timeout. That
+    wait is `queued`; its `total` is its own build and check, as if it had run alone."""
+    records = [cpu_solution("timeout_spin"), cpu_solution("correct_loop")]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], "--compile-workers", "1",
+                     "--run-timeout-s", "12", "--timing-budget-s", "0.5", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    spinner, honest = (json.loads(line)["eval"] for line in result.stdout.splitlines())
+    assert (spinner["status"], honest["status"]) == ("timeout", "correct")
+    assert honest["time_s"]["total"] < 6, honest["time_s"]
+    assert honest["time_s"]["queued"] > 6, honest["time_s"]
+
+
 def test_name_only_copies_share_a_build_and_main_cpp_uses_the_precompiled_light_header(tmp_path, new_build_dir):
     """A copy that differs only in its extension's name loads the first one's build; a source that spells its
     name out (its own PYBIND11_MODULE, which the light header does not promise) is built as written under that
@@ -891,3 +940,50 @@ def test_the_summary_of_nothing_says_so_and_none_correct_shows_no_nan():
     wrong = ev.make_result("incorrect", "Incorrect output.")
     table = ev.summary_table([wrong], [{"task": "level1/7_ReLU"}])
     assert "nan" not in table and "speedup over correct: -" in table
+
+
+# ------------------------------------------------------------------ what else a fresh clone meets around it
+
+def test_kevin_tables_report_goes_under_the_untracked_runs_unless_told_where(tmp_path):
+    """bench/kevin_table.py writes its table and plot beside its runs, under runs/ (gitignored); results/, whose
+    files the repository keeps, only when asked with --results."""
+    spec = importlib.util.spec_from_file_location("kevin_table", ROOT / "bench" / "kevin_table.py")
+    kevin_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kevin_table)
+    args = kevin_table.parse_args(["--device", "cpu"])
+    assert args.results == args.out_dir == ROOT / "runs" / "kevin_table_cpu"
+    assert kevin_table.parse_args(["--device", "cpu", "--results", str(tmp_path)]).results == tmp_path
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(args.results / "kevin_table_cpu.md")], cwd=ROOT)
+    assert ignored.returncode == 0
+
+
+def test_a_failed_tests_kept_folder_holds_no_precompiled_header(tmp_path):
+    """pytest keeps the folders of a run with a failure; tests/conftest.py leaves no precompiled header (336 MB
+    each, a cache) in them."""
+    (tmp_path / "test_inner.py").write_text("def test_fails(tmp_path):\n"
+                                            "    (tmp_path / 'extension.h.gch').write_bytes(bytes(1000))\n"
+                                            "    assert False\n")
+    base = tmp_path / "base"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+                           "--basetemp", str(base), str(tmp_path / "test_inner.py")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "1 failed" in done.stdout, done.stdout + done.stderr
+    assert (base / "test_fails0").is_dir() and not list(base.rglob("*.gch"))
+
+
+def github_anchor(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_what_points_to_deepspeeds_install_finds_it_in_the_docs():
+    """The ZeRO-3 config and the tests that skip without DeepSpeed point to a section that says how to install it
+    and how to launch train.py with it."""
+    target = "docs/training.md#deepspeed-zero-3"
+    for path in ("configs/deepspeed_zero3.yaml", "tests/test_train.py", "tests/test_vllm_sync.py"):
+        assert target in (ROOT / path).read_text(), path
+    docs = (ROOT / "docs" / "training.md").read_text()
+    sections = {github_anchor(h): body for h, body in re.findall(r"^## ([^\n]+)\n(.*?)(?=^## |\Z)", docs, re.M | re.S)}
+    section = sections[target.split("#")[1]]
+    for needed in ("pip install deepspeed", "DS_BUILD_OPS=0", "CUDA toolkit",
+                   "accelerate launch --config_file configs/deepspeed_zero3.yaml"):
+        assert needed in section, needed

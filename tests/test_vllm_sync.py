@@ -225,7 +225,8 @@ if __name__ == "__main__":
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (see README)")
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="deepspeed is not installed (docs/training.md#deepspeed-zero-3)")
 @pytest.mark.parametrize("weights", ["full", "lora"])
 def test_zero3_partitions_are_gathered_as_deepspeed_consolidates_them_full_and_lora(tmp_path, weights):
     """configs/deepspeed_zero3.yaml on one GPU, the tiny model as train.py prepares it (CPU Adam, built at first
