@@ -24,7 +24,8 @@ Run:
 
 Output: one JSON line per trajectory (see README, "Data formats"; turns numbered from 1), appended when
 its group of tasks finishes; a re-run with the same --out skips the (task, trajectory) pairs already
-written. A Ctrl-C drops the group under way and says in one line how many are written (exit status 130).
+written. --out's folder must exist, and a second run on an --out being written stops at once, as evaluate.py
+-o does. A Ctrl-C drops the group under way and says in one line how many are written (exit status 130).
 `--out -` (or a pipe) streams the lines to stdout instead, with nothing to resume; progress
 and the summary table always go to stderr. The evaluation device is checked before anything is
 generated, and a --model that is neither a local folder nor a cached or reachable hub id stops the run
@@ -65,6 +66,7 @@ from tqdm import tqdm
 from evaluate import EvalConfig, Evaluator, index_tasks, resolve_device
 from kevin.backends import HFBackend, OpenAIBackend, VLLMBackend, check_model, check_vllm
 from kevin.config_flags import add_config_flags, check, parse_config
+from kevin.eval_records import open_output
 from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
 from kevin.static_rules import FENCE, RULE_PROFILES, extract_code
 from kevin.tiny_model import build_tiny_model
@@ -333,11 +335,7 @@ def is_stream(out: str) -> bool:
 
 def read_done(out: Path) -> list[dict]:
     """The trajectories already in `out`, blank lines skipped; a last line cut off by an interrupted write is
-    removed. A folder, or a line that is not a trajectory, stops the run before anything is generated."""
-    if out.is_dir():
-        raise SystemExit(f"error: --out {out} is a folder; give a file, e.g. {out / 'rollouts.jsonl'}")
-    if not out.exists():
-        return []
+    removed. A line that is not a trajectory stops the run before anything is generated."""
     text = out.read_text()
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
@@ -479,7 +477,8 @@ class GenerateConfig(RolloutConfig):
     concurrency: int = 32
     """openai: requests in flight at once"""
     retries: int = 5
-    """openai: retries of a failed request, with backoff"""
+    """openai: retries of a request that timed out, lost its connection or got a 429 or 5xx (waiting 1, 2, 4, 8,
+    8... s); a refused connection or another 4xx stops the run at once"""
     device: Literal["auto", "cuda", "cpu"] = EvalConfig.device
     """where candidates are evaluated; cpu asks for C++ kernels instead of CUDA; auto: cuda when a GPU is visible"""
     gpus: list[int] | None = None
@@ -527,14 +526,26 @@ def roll_out(todo: list[tuple[Task, int]], backend, args: GenerateConfig, device
 
 @contextmanager
 def open_out(out: str, stream: bool):
-    """stdout for '-', else the file opened for appending (its folder made)."""
+    """stdout for '-', a stream as it is; else the file opened to append and locked, as evaluate.py's -o is (a second
+    run on it stops at once instead of writing every trajectory again), and removed again if this run made it and
+    wrote nothing (a run that fails before its first group leaves no empty file). A missing folder is an error."""
     if out == "-":
         yield sys.stdout
         return
-    if not stream:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "a") as f:
+    if stream:
+        with open(out, "a") as f:
+            yield f
+        return
+    if Path(out).is_dir():
+        raise SystemExit(f"error: --out {out} is a folder; give a file, e.g. {Path(out) / 'rollouts.jsonl'}")
+    made = not Path(out).exists()
+    f = open_output(out)
+    try:
         yield f
+    finally:
+        if made and f.tell() == 0:
+            os.remove(out)  # while still locked: no other run can have opened it to write
+        f.close()
 
 
 def main(argv=None, backend=None) -> None:
@@ -544,28 +555,28 @@ def main(argv=None, backend=None) -> None:
     tasks = load_tasks(args.tasks, args.split)
     device = kernel_device(args)
     stream = is_stream(args.out)
-    earlier = [] if stream else read_done(Path(args.out))
-    done = {(r["task"], r["trajectory"]) for r in earlier}
-    todo = [(task, k) for task in tasks for k in range(args.n_trajectories) if (task.id, k) not in done]
-    print(f"{len(tasks)} tasks x {args.n_trajectories} trajectories: {len(done)} already in {args.out}, "
-          f"{len(todo)} to run (kernels for {device})", file=sys.stderr)
-    started()  # from here on, a Ctrl-C is main's to report
-    written = []
-    try:
-        if todo:
-            backend = backend or make_backend(args)
-            with open_out(args.out, stream) as f:
+    with open_out(args.out, stream) as f:  # locked before it is read: what it holds is this run's to go on from
+        earlier = [] if stream else read_done(Path(args.out))
+        done = {(r["task"], r["trajectory"]) for r in earlier}
+        todo = [(task, k) for task in tasks for k in range(args.n_trajectories) if (task.id, k) not in done]
+        print(f"{len(tasks)} tasks x {args.n_trajectories} trajectories: {len(done)} already in {args.out}, "
+              f"{len(todo)} to run (kernels for {device})", file=sys.stderr)
+        started()  # from here on, a Ctrl-C is main's to report
+        written = []
+        try:
+            if todo:
+                backend = backend or make_backend(args)
                 for records in roll_out(todo, backend, args, device):
                     f.write("".join(json.dumps(record) + "\n" for record in records))
                     f.flush()
                     written += records
-        ids = {task.id for task in tasks}
-        print(summary_table([r for r in earlier + written if r["task"] in ids]), file=sys.stderr)
-    except KeyboardInterrupt:  # evaluate has stopped its children; a group cut short is not written
-        total, resume = len(tasks) * args.n_trajectories, "" if stream else "; re-run to resume"
-        print(f"interrupted: {total - len(todo) + len(written)} of {total} trajectories written{resume}",
-              file=sys.stderr)
-        raise SystemExit(130) from None
+            ids = {task.id for task in tasks}
+            print(summary_table([r for r in earlier + written if r["task"] in ids]), file=sys.stderr)
+        except KeyboardInterrupt:  # evaluate has stopped its children; a group cut short is not written
+            total, resume = len(tasks) * args.n_trajectories, "" if stream else "; re-run to resume"
+            print(f"interrupted: {total - len(todo) + len(written)} of {total} trajectories written{resume}",
+                  file=sys.stderr)
+            raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def group_key(trajectory_index: int, task: str, turn: int, group_by: str) -> tup
         return (task,)
     if group_by == "task-turn":
         return (task, turn)
-    if group_by == "trajectory":  # by position, so ids repeated across merged files stay apart
+    if group_by == "trajectory":  # by position: one group per trajectory record
         return (trajectory_index,)
     raise ValueError(f"group_by must be one of {GROUP_BY}, got {group_by!r}")
 
@@ -184,6 +184,8 @@ def check_trajectory(record) -> None:
         raise ValueError("expected a JSON object")
     if not isinstance(record.get("task"), str):
         raise ValueError('missing string field "task"')
+    if not isinstance(record.get("trajectory"), int):
+        raise ValueError('missing integer field "trajectory"')
     if not isinstance(record.get("turns"), list):
         raise ValueError('missing list field "turns"')
     for t, turn in enumerate(record["turns"], 1):
@@ -197,8 +199,9 @@ def check_trajectory(record) -> None:
 
 
 def read_trajectories(lines: Iterable[str], source: str) -> list[dict]:
-    """Parse JSONL trajectories; a bad line stops the run with its file name and line number."""
-    trajectories = []
+    """Parse JSONL trajectories; a bad line stops the run with its file name and line number, and so does a
+    (task, trajectory) read before (a file written twice over): its turns would count twice in every group."""
+    trajectories, first_seen = [], {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -207,6 +210,11 @@ def read_trajectories(lines: Iterable[str], source: str) -> list[dict]:
             check_trajectory(record)
         except ValueError as err:  # json.JSONDecodeError is a ValueError
             raise SystemExit(f"error: {source}:{number}: malformed trajectory: {err}") from None
+        key = (record["task"], record["trajectory"])
+        if key in first_seen:
+            raise SystemExit(f"error: {source}:{number}: duplicate record: task {key[0]} trajectory {key[1]}, "
+                             f"already at line {first_seen[key]}; keep one copy")
+        first_seen[key] = number
         trajectories.append(record)
     return trajectories
 

@@ -82,10 +82,16 @@ class ScaleTestConfig:
     """write PNG curves here (needs matplotlib)"""
 
     def __post_init__(self):
-        """What needs no trajectories: a budget below 1 spends nothing, and a threshold of 0 would count incorrect
-        trajectories (speedup 0) as fast; what depends on the pools or on --live is checked where those are known."""
+        """What needs no trajectories: a budget below 1 spends nothing, an allocation of n x T spends n * T = budget
+        with T >= 1, and a threshold of 0 would count incorrect trajectories (speedup 0) as fast; what depends on the
+        pools or on --live is checked where those are known."""
         if self.budget < 1:
             raise ValueError(f"--budget must be >= 1, got {self.budget}")
+        if any(t < 1 for t in self.turns):
+            raise ValueError(f"--turns must each be >= 1, got {self.turns}")
+        for t in self.turns:
+            if self.budget % t:
+                raise ValueError(f"--budget {self.budget} is not divisible by a turn count of {t}")
         if any(t <= 0 for t in self.thresholds):
             raise ValueError(f"--thresholds must be > 0, got {self.thresholds}")
 
@@ -146,10 +152,7 @@ def pool_metrics(pools: dict[str, list[list[dict]]], turns: int, k: int,
 
 
 def allocations(budget: int, turn_counts: Sequence[int]) -> list[tuple[int, int]]:
-    """(trajectories, turns) pairs that spend exactly `budget` kernels."""
-    for t in turn_counts:
-        if t < 1 or budget % t:
-            raise SystemExit(f"error: --budget {budget} is not divisible by a turn count of {t}")
+    """(trajectories, turns) pairs that spend exactly `budget` kernels (ScaleTestConfig: each count divides it)."""
     return [(budget // t, t) for t in turn_counts]
 
 
@@ -225,10 +228,16 @@ def curves(pools: dict[str, list[list[dict]]], thresholds: Sequence[float],
 
 def offline_report(pools: dict[str, list[list[dict]]], budget: int, turn_counts: Sequence[int],
                    thresholds: Sequence[float], curve_k: int | None, curve_turns: int | None) -> dict:
-    """Every number for the allocations and both curves, estimated from fixed pools."""
+    """Every number for the allocations and both curves, estimated from fixed pools; pools that no allocation
+    fits are a one-line error, not a table of skipped rows."""
+    rows = [allocation_row(pools, n, t, thresholds) for n, t in allocations(budget, turn_counts)]
+    if all("skipped" in row for row in rows):
+        shape = pool_shape(pools)
+        raise SystemExit(f"error: --budget {budget} with --turns {','.join(map(str, turn_counts))}: no allocation "
+                         f"fits the files, whose smallest pool has {shape['trajectories_min']} trajectories of up to "
+                         f"{shape['turns_max']} turns; lower --budget")
     return {"mode": "offline", "budget": budget, "tasks": len(pools), "pool": pool_shape(pools),
-            "allocations": [allocation_row(pools, n, t, thresholds) for n, t in allocations(budget, turn_counts)],
-            "curves": curves(pools, thresholds, curve_k, curve_turns)}
+            "allocations": rows, "curves": curves(pools, thresholds, curve_k, curve_turns)}
 
 
 def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path: Path) -> list[dict]:
@@ -246,7 +255,6 @@ def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path:
     device = generate.kernel_device(args)
     backend = generate.make_backend(args)
     eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules)
-    path.parent.mkdir(parents=True, exist_ok=True)
     for task in todo:
         def step(states: list[dict]) -> list[dict]:
             for position, state in enumerate(states):
@@ -272,12 +280,14 @@ def live_report(cfg: ScaleTestConfig) -> dict:
         raise SystemExit("error: --beam-width must divide --budget and --beam-keep must divide --beam-width")
     import generate  # torch and transformers load only in live mode
 
+    cfg.out_dir.mkdir(exist_ok=True)  # its folder exists: main checked
     rows, files, pools_by_turns = [], [], {}
     for n, t in allocations(cfg.budget, cfg.turns):
         path = cfg.out_dir / f"{n}x{t}.jsonl"
         print(f"allocation {n} x {t}: generating into {path}", file=sys.stderr)
         generate.main([*generate_args, "--n-trajectories", str(n), "--turns", str(t), "--out", str(path)])
-        pools = group_pools([r for r in load_trajectories(str(path)) if r["trajectory"] < n])  # a resumed file may hold more
+        # a resumed file may hold more trajectories
+        pools = group_pools([r for r in load_trajectories(str(path)) if r["trajectory"] < n])
         rows.append(allocation_row(pools, n, t, cfg.thresholds))
         files.append(str(path))
         pools_by_turns[t] = pools
@@ -324,7 +334,7 @@ def import_pyplot():
 def plot_curves(curves: dict, thresholds: Sequence[float], plot_dir: Path) -> list[Path]:
     """One PNG per curve: correctness, speedup and fast_p panels against turns or k."""
     plt = import_pyplot()
-    plot_dir.mkdir(parents=True, exist_ok=True)
+    plot_dir.mkdir(exist_ok=True)
     paths = []
     for name, x_key, fixed in (("vs_turns", "turns", "k"), ("vs_k", "k", "turns")):
         curve = curves[name]
@@ -371,6 +381,9 @@ def main(argv: list[str] | None = None) -> None:
                          f"{cfg.out_json / 'scale.json'}")
     if cfg.plot_dir and cfg.plot_dir.is_file():
         raise SystemExit(f"error: --plot-dir {cfg.plot_dir} is a file, not a folder")
+    for output in (cfg.out_json, cfg.plot_dir, cfg.out_dir if cfg.live else None):
+        if output and not output.parent.is_dir():  # as evaluate.py -o and generate.py --out: made by no stage
+            raise SystemExit(f"error: cannot write {output}: No such file or directory")
     if cfg.plot_dir:
         import_pyplot()  # fail before any work
     if cfg.live:
@@ -390,7 +403,6 @@ def main(argv: list[str] | None = None) -> None:
 
     print(markdown_table(report["allocations"], cfg.thresholds))
     if cfg.out_json:
-        cfg.out_json.parent.mkdir(parents=True, exist_ok=True)
         cfg.out_json.write_text(json.dumps(report, indent=1))
         print(f"wrote {cfg.out_json}", file=sys.stderr)
     if cfg.plot_dir:

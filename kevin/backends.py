@@ -165,9 +165,13 @@ class VLLMBackend(ChatTokens):
         return replies
 
 
+RETRY_WAIT_S = 8  # the longest wait before a retry: --retries 5 waits 1 + 2 + 4 + 8 + 8 s at most
+
+
 def post_json(url: str, body: dict, api_key: str | None, retries: int, timeout_s: float) -> dict:
-    """POST a JSON body and read the JSON answer, retrying server errors, rate limits and lost connections with
-    exponential back-off; anything else, or the last failure, is a one-line error."""
+    """POST a JSON body and read the JSON answer. Only what can pass is retried, with a short back-off: a timeout, a
+    dropped connection, a rate limit (429) or a server error (5xx). Anything else (a refused connection: nothing
+    listens there; any other 4xx), or the last failure, is a one-line error naming the URL."""
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -176,13 +180,16 @@ def post_json(url: str, body: dict, api_key: str | None, retries: int, timeout_s
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 return json.load(response)
-        except urllib.error.HTTPError as error:  # 4xx other than rate limits will not get better
+        except urllib.error.HTTPError as error:
             if error.code < 500 and error.code != 429 or attempt == retries:
-                raise SystemExit(f"error: {url} answered {error.code}: {error.read()[:500]!r}")
-        except (urllib.error.URLError, OSError) as error:
+                raise SystemExit(f"error: {url} answered {error.code}: {error.read()[:500]!r}") from None
+        except OSError as error:  # urllib.error.URLError wraps what the connection raised in `reason`
+            reason = getattr(error, "reason", error)
+            if not isinstance(reason, (TimeoutError, ConnectionResetError)):
+                raise SystemExit(f"error: cannot reach {url}: {reason} (is the server up? --base-url)") from None
             if attempt == retries:
-                raise SystemExit(f"error: {url} failed after {retries} retries: {error}")
-        time.sleep(2 ** attempt)
+                raise SystemExit(f"error: {url} failed after {retries} retries: {reason}") from None
+        time.sleep(min(2 ** attempt, RETRY_WAIT_S))
 
 
 class OpenAIBackend:

@@ -412,6 +412,107 @@ def test_openai_backend_retries_keeps_order_and_rejoins_reasoning():
     assert set(ChatServer.headers_seen) == {"Bearer KEY"}
 
 
+def openai_cli(base_url: str, tasks: Path, out: Path, *extra: str) -> list[str]:
+    """generate.py's command line for one toy task on the CPU, its replies from the server at `base_url`."""
+    return [sys.executable, str(ROOT / "generate.py"), "--backend", "openai", "--base-url", base_url,
+            "--model", "m", "--tasks", str(tasks), "--out", str(out), "--n-trajectories", "2", "--turns", "1",
+            "--device", "cpu", *extra]
+
+
+@pytest.mark.parametrize("before", [None, '{"task": "toy/add", "trajectory": 0, "turns": []}\n'])
+def test_openai_without_a_server_fails_at_once_naming_the_url_and_leaves_the_out_as_it_was(tmp_path, before):
+    """A refused connection cannot pass: no retries (the default 5 took 63 s), and no empty file left behind."""
+    from test_openai_server import free_port
+
+    write_add_task(tmp_path / "tasks")
+    out, url = tmp_path / "o.jsonl", f"http://127.0.0.1:{free_port()}/v1"
+    if before is not None:
+        out.write_text(before)
+    began = time.monotonic()
+    done = subprocess.run(openai_cli(url, tmp_path / "tasks", out), capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - began < 30
+    assert_one_line_error(done, f"error: cannot reach {url}/chat/completions: [Errno 111] Connection refused")
+    assert (out.read_text() if out.exists() else None) == before
+
+
+def test_openai_retries_only_what_can_pass_and_waits_briefly(monkeypatch):
+    """A 503 is retried with back-off capped at RETRY_WAIT_S; a 404 is not retried."""
+    from kevin import backends
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_error(503 if self.path.startswith("/busy") else 404)
+
+        def log_message(self, *args):
+            """Keep the test output quiet."""
+
+    waits = []
+    monkeypatch.setattr(backends.time, "sleep", waits.append)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(SystemExit, match="answered 503"):
+            backends.post_json(f"http://127.0.0.1:{server.server_port}/busy", {}, None, retries=5, timeout_s=10)
+        assert waits == [1, 2, 4, 8, 8]
+        with pytest.raises(SystemExit, match="answered 404"):
+            backends.post_json(f"http://127.0.0.1:{server.server_port}/gone", {}, None, retries=5, timeout_s=10)
+        assert waits == [1, 2, 4, 8, 8]
+    finally:
+        server.shutdown()
+
+
+def test_a_second_run_on_an_out_being_written_stops_at_once_and_the_first_writes_each_trajectory_once(tmp_path):
+    """As evaluate.py -o: the first run holds --out locked, so a second one on it refuses in one line instead of
+    writing every trajectory again. The first run's replies wait until the second has been turned away."""
+    asked, release = threading.Event(), threading.Event()
+
+    class Stalling(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            asked.set()
+            release.wait(timeout=300)
+            data = json.dumps({"choices": [{"message": {"content": "no code"}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            """Keep the test output quiet."""
+
+    write_add_task(tmp_path / "tasks")
+    out = tmp_path / "o.jsonl"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stalling)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    command = openai_cli(f"http://127.0.0.1:{server.server_port}/v1", tmp_path / "tasks", out)
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert asked.wait(timeout=120), "the first run sent no request"
+        second = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert_one_line_error(second, f"error: {out} is being written by another run; wait for it to end")
+    finally:
+        release.set()
+        _, stderr = first.communicate(timeout=300)
+        server.shutdown()
+    assert first.returncode == 0, stderr[-3000:]
+    assert [(r["task"], r["trajectory"]) for r in read_records(out)] == [("toy/add", 0), ("toy/add", 1)]
+
+
+def test_an_out_in_a_missing_folder_is_refused_with_the_line_evaluate_gives(tmp_path):
+    """One behaviour for both stages: neither makes a missing folder (a typo would scatter outputs)."""
+    write_add_task(tmp_path / "tasks")
+    missing = tmp_path / "no" / "such"
+    ours = run_cli("--tasks", str(tmp_path / "tasks"), "--device", "cpu", "--out", str(missing / "o.jsonl"))
+    theirs = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--device", "cpu", "-o",
+                             str(missing / "o.jsonl")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    expected = f"error: cannot write {missing / 'o.jsonl'}: No such file or directory"
+    assert_one_line_error(ours, expected)
+    assert_one_line_error(theirs, expected)
+    assert ours.stderr.strip().splitlines()[-1] == theirs.stderr.strip().splitlines()[-1] == expected
+    assert not (tmp_path / "no").exists()
+
+
 # ---------------------------------------------------------------- the loop without a barrier between turns
 # The example's extension (in the build cache) on the first 10 elements: its verdict, a shape mismatch, reads the
 # same whatever inputs the judge draws, so the next turn's prompt does too.
@@ -482,7 +583,8 @@ def test_overlapped_a_trajectory_writes_its_next_turn_while_another_kernel_is_st
     """Trajectory 0's kernel is judged from the end of the first batch for its total time; trajectory 1's second
     turn is generated inside that window when overlapped, and only after it when synchronous."""
     for overlap, (records, calls) in both_orders.items():
-        judged_by = calls[0][1] + records[0]["turns"][0]["eval"]["time_s"]["total"]
+        times = records[0]["turns"][0]["eval"]["time_s"]
+        judged_by = calls[0][1] + times["total"] + times.get("queued", 0.0)  # its own time and its wait behind others
         second_turn_began = next(began for began, _, seeds in calls if seed_of(1, 2) in seeds)
         assert (second_turn_began < judged_by) == overlap
 

@@ -223,6 +223,27 @@ def test_cli_names_the_line_and_turn_of_a_correct_kernel_without_speedup(tmp_pat
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("stage", [["reward.py"], ["scale_test.py"], ["train.py", "--rollouts"]])
+def test_a_trajectory_written_twice_is_refused_naming_its_first_copy(tmp_path, stage):
+    """Two runs on one file, or one file appended to twice: every stage reading rollouts reads them through
+    reward.load_trajectories, which names the first duplicate instead of counting its turns twice."""
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in (TASK_A0, TASK_A1, TASK_B0, TASK_A1, TASK_A0)))
+    result = subprocess.run([sys.executable, str(ROOT / stage[0]), *stage[1:], str(path)], capture_output=True,
+                            text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (f"error: {path}:4: duplicate record: task A trajectory 1, "
+                                                      "already at line 2; keep one copy")
+
+
+def test_cli_refuses_a_trajectory_without_its_id(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(json.dumps({k: v for k, v in TASK_A0.items() if k != "trajectory"}) + "\n")
+    result = run_cli(str(path))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f'error: {path}:1: malformed trajectory: missing integer field "trajectory"'
+
+
 def test_cli_reports_a_missing_file_in_one_line(tmp_path):
     result = run_cli(str(tmp_path / "absent.jsonl"))
     assert result.returncode != 0

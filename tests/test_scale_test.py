@@ -121,8 +121,8 @@ def test_pool_metrics_average_hand_computed_task_metrics():
 def test_allocations_spend_the_budget_as_the_paper_does():
     assert allocations(128, [8, 4, 1]) == [(16, 8), (32, 4), (128, 1)]
     assert allocations(16, [8, 4, 1]) == [(2, 8), (4, 4), (16, 1)]
-    with pytest.raises(SystemExit, match="divisible"):
-        allocations(10, [4])
+    with pytest.raises(ValueError, match="divisible"):
+        ScaleTestConfig(budget=10, turns=[4])
 
 
 def test_offline_report_skips_allocations_the_pool_cannot_estimate():
@@ -269,6 +269,35 @@ def test_an_output_of_the_wrong_kind_is_refused_in_one_line_before_any_work(tmp_
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"error: {flag} {tmp_path / taken} {message}")
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--budget", "64"], "error: --budget 64 with --turns 2,1: no allocation fits the files, whose smallest pool has "
+                         "4 trajectories of up to 2 turns; lower --budget"),
+    (["--turns", "0"], "error: --turns must each be >= 1, got [0]"),
+    (["--turns", "2,-1"], "error: --turns must each be >= 1, got [2, -1]"),
+    (["--budget", "5", "--turns", "2"], "error: --budget 5 is not divisible by a turn count of 2"),
+])
+def test_flags_no_allocation_can_serve_are_a_one_line_error(tmp_path, flags, message):
+    """Not a table of skipped rows with exit status 0, nor "not divisible" for a turn count of 0."""
+    path = tmp_path / "pool.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in POOL))
+    result = run_cli(str(path), "--turns", "2,1", *flags)
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert result.stderr.strip().splitlines() == [message]
+
+
+@pytest.mark.parametrize("flag, name", [("--out-json", "scale.json"), ("--plot-dir", "plots"), ("--out-dir", "runs")])
+def test_an_output_in_a_missing_folder_is_refused_as_evaluate_refuses_it(tmp_path, flag, name):
+    """As evaluate.py -o and generate.py --out: a missing folder is not made, and nothing is computed first."""
+    path = tmp_path / "pool.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in POOL))
+    output = tmp_path / "no" / name
+    mode = ["--live"] if flag == "--out-dir" else [str(path)]
+    result = run_cli(*mode, "--budget", "4", "--turns", "2,1", flag, str(output))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [f"error: cannot write {output}: No such file or directory"]
+    assert not (tmp_path / "no").exists()
 
 
 def test_live_mode_refuses_generate_flags_it_sets_itself():
