@@ -41,8 +41,11 @@ x 2 trajectories x 2 turns, 128-token replies, 3 steps; with a GPU on the train 
 two CPU-sized tasks in tests/tasks. Output: one JSON line of metrics per step (--log), its learning curve beside it
 (the same name, .png), checkpoints in --output-dir/checkpoints, the final model in --output-dir/final, and a table
 of the reward curve at the end, each turn's score in a column. An --output-dir that holds a previous run is refused
-unless --resume continues it (from the latest checkpoint the metrics log reaches, the log cut back to it) or
---overwrite deletes it.
+unless --resume continues it (from the latest checkpoint the metrics log reaches, the log cut back to it; a finished
+run is said to be so, and left as it is) or --overwrite deletes it; one run at a time may hold it (a lock). A Ctrl-C
+says in one line what is kept and how to go on (exit status 130). Under accelerate launch, bad input is said once, by
+the first process; the launcher then reports the failed processes itself (`accelerate launch -q`: without its
+traceback).
 
 Simplifications, said out loud:
 - Old policy = sampling policy: both gradient steps of a batch take the ratio against the log-probs
@@ -61,12 +64,21 @@ Simplifications, said out loud:
 
 from __future__ import annotations
 
+from kevin.startup import freeze_at_exit, quiet_ctrl_c_while_starting, started
+
+if __name__ == "__main__":
+    quiet_ctrl_c_while_starting("before training")
+    freeze_at_exit()
+
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
 import random
 import re
+import shutil
 import sys
 import time
 from collections import Counter
@@ -76,7 +88,6 @@ from pathlib import Path
 from typing import Literal
 
 from kevin.dependencies import require
-from kevin.startup import freeze_at_exit
 
 require("torch", "accelerate", "transformers", "tqdm")
 
@@ -95,9 +106,9 @@ from kevin.backends import HFBackend, check_model, check_vllm
 from kevin.config_flags import add_config_flags, check, given_flags
 from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
 from kevin.tiny_model import build_tiny_model
-from kevin.training import (UpdateMemory, clear_previous_run, is_sharded, load_policy, make_accelerator,
-                            memory_line, parameter_checksum, policy_for_generation, previous_run,
-                            resume_checkpoint)
+from kevin.training import (UpdateMemory, checkpoint_step, clear_previous_run, end_after_the_first, first_process,
+                            is_sharded, load_policy, lock_output_dir, logged_steps, make_accelerator, memory_line,
+                            parameter_checksum, policy_for_generation, previous_run, resume_checkpoint)
 from kevin.vllm_sync import ColocatedEngine, ServedEngine, policy_weights, served_model, sync_error
 
 REPO = Path(__file__).resolve().parent
@@ -339,14 +350,13 @@ def push_policy(run, when: str) -> list[dict] | None:
 
 # ---------------------------------------------------------------- checks before anything loads
 def check_inputs(args: argparse.Namespace) -> None:
-    """One-line errors before anything is loaded. A fresh run into the output of a previous one is refused:
-    the old checkpoints would outlive the new metrics, and a later --resume would mix the two runs."""
-    if Path(args.output_dir).is_file():
+    """One-line errors before anything is loaded. Then the output folder is locked (by the first process, for the
+    run's life), so that what it holds is this run's to judge: a fresh run into the output of a previous one is
+    refused (the old checkpoints would outlive the new metrics, and a later --resume would mix the two runs), and so
+    is a --resume with no checkpoint to go on from."""
+    output_dir, log = Path(args.output_dir), Path(args.log)
+    if output_dir.is_file():
         raise SystemExit(f"error: --output-dir {args.output_dir} is a file, not a folder")
-    left = previous_run(Path(args.output_dir), Path(args.log))
-    if left and not (args.resume or args.overwrite):
-        raise SystemExit(f"error: {', '.join(map(str, left))} from a previous run: pass --resume to continue it, "
-                         "--overwrite to delete it and start afresh, or another --output-dir")
     if args.model != "tiny":  # warm-start is a folder by now
         check_model(args.model)
     if args.backend == "vllm":
@@ -355,6 +365,16 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise SystemExit("error: --base-url goes with --backend vllm-server, and it needs one")
     if args.base_url is not None:
         served_model(args.base_url)  # answers, before anything is loaded
+    if first_process():
+        lock_output_dir(output_dir)
+    left = previous_run(output_dir, log)
+    if left and not (args.resume or args.overwrite):
+        raise SystemExit(f"error: {', '.join(map(str, left))} from a previous run: pass --resume to continue it, "
+                         "--overwrite to delete it and start afresh, or another --output-dir")
+    if args.resume and resume_checkpoint(output_dir, log) is None:
+        raise SystemExit(f"error: --resume: no checkpoint in {output_dir / 'checkpoints'} that {log} reaches; pass "
+                         "--overwrite to start afresh" if left else
+                         f"error: --resume: nothing to resume in {output_dir} (no checkpoint); run without --resume")
 
 
 # ---------------------------------------------------------------- config
@@ -496,7 +516,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_config_flags(p, TrainConfig)
     reward.add_reward_flags(p)  # reward.py's flags and defaults
-    args = p.parse_args(argv)
+    with contextlib.redirect_stderr(sys.stderr if first_process() else io.StringIO()):  # argparse's error, once
+        args = p.parse_args(argv)
     try:
         config = filled_in(TrainConfig(**given_flags(args, TrainConfig)))
     except ValueError as e:
@@ -566,6 +587,9 @@ def setup(args: argparse.Namespace) -> Run:
         plan, per_rank = offline_plan(args, world)
     else:
         tasks, per_rank = online_tasks(args, world)
+    steps = len(plan) if plan else args.steps
+    if args.resume:
+        stop_if_finished(args, steps, state.is_main_process)
     accumulation = max(1, math.ceil(per_rank / args.micro_batch_size))
     accelerator = make_accelerator(args, accumulation, on_gpu)
     set_seed(args.seed)
@@ -594,22 +618,33 @@ def setup(args: argparse.Namespace) -> Run:
                              rules=args.rules)
     return Run(accelerator, model, optimizer, tokenizer,
                tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-               ref_model, backend, eval_config, accumulation, len(plan) if plan else args.steps, plan, tasks,
+               ref_model, backend, eval_config, accumulation, steps, plan, tasks,
                Path(args.output_dir), Path(args.log))
 
 
+def stop_if_finished(args: argparse.Namespace, steps: int, main_process: bool) -> None:
+    """--resume of a run that has done its steps and saved its final model: one line, nothing touched, exit status
+    0 (a script that resumes until done may call it again)."""
+    output_dir = Path(args.output_dir)
+    done = checkpoint_step(resume_checkpoint(output_dir, Path(args.log)))
+    if done >= steps and (output_dir / "final").exists():
+        if main_process:
+            more = "" if args.rollouts else f"; --steps above {done} trains on from it"
+            print(f"nothing to resume: {output_dir} holds a run finished after step {done}, its model in "
+                  f"{output_dir / 'final'}{more}")
+        raise SystemExit(0)
+
+
 def resume(args: argparse.Namespace, run: Run) -> int:
-    """The steps done (and run.first_words) from the last checkpoint with --resume, else 0; the metrics log keeps
-    the lines of the steps done only."""
+    """The steps done (and run.first_words) from the last checkpoint with --resume, else 0; the metrics log is cut
+    back to the steps done. A fresh run's log is made by its first step's line: a run stopped before it leaves
+    nothing that a re-run would take for a previous run."""
     start = 0
     if args.overwrite and run.accelerator.is_main_process:
         clear_previous_run(run.output_dir, run.log_path)
     run.accelerator.wait_for_everyone()
     if args.resume:
         checkpoint = resume_checkpoint(run.output_dir, run.log_path)
-        if checkpoint is None:
-            raise SystemExit(f"error: --resume: no checkpoint in {run.output_dir / 'checkpoints'} (that {run.log_path} "
-                             "reaches)")
         run.accelerator.load_state(str(checkpoint))
         saved = json.loads((checkpoint / "trainer_state.json").read_text())
         start, run.first_words = saved["step"], Counter(saved["first_words"])
@@ -617,10 +652,19 @@ def resume(args: argparse.Namespace, run: Run) -> int:
     push_policy(run, "at the start")  # a server may hold other weights; a resumed policy is not the model loaded
     if run.accelerator.is_main_process:
         run.log_path.parent.mkdir(parents=True, exist_ok=True)
-        kept = [line for line in run.log_path.read_text().splitlines() if json.loads(line)["step"] <= start] \
-            if args.resume and run.log_path.exists() else []
-        run.log_path.write_text("".join(line + "\n" for line in kept))
+        if args.resume and run.log_path.exists():
+            cut_log(run.log_path, start)
     return start
+
+
+def cut_log(log_path: Path, steps: int) -> None:
+    """The metrics log without the lines of steps after `steps`, replaced whole: a stop meanwhile leaves the old."""
+    lines = log_path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["step"] <= steps]
+    if kept != lines:
+        partial = log_path.with_name(log_path.name + ".partial")
+        partial.write_text("".join(kept))
+        partial.replace(log_path)
 
 
 # ---------------------------------------------------------------- one step
@@ -792,11 +836,17 @@ def save_checkpoint(run: Run, steps_done: int) -> None:
 
 
 def save_final(run: Run) -> None:
-    """The trained model and its tokenizer in OUTPUT_DIR/final; the vLLM engine shut down."""
+    """The trained model and its tokenizer in OUTPUT_DIR/final, written beside it and renamed into place once whole
+    (a run stopped while saving leaves no final model for --resume to take for a finished run); the vLLM engine
+    shut down."""
     state_dict = run.accelerator.get_state_dict(run.model)
     if run.accelerator.is_main_process:
-        run.accelerator.unwrap_model(run.model).save_pretrained(run.output_dir / "final", state_dict=state_dict)
-        run.tokenizer.save_pretrained(run.output_dir / "final")
+        final, partial = run.output_dir / "final", run.output_dir / "final.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        run.accelerator.unwrap_model(run.model).save_pretrained(partial, state_dict=state_dict)
+        run.tokenizer.save_pretrained(partial)
+        shutil.rmtree(final, ignore_errors=True)
+        partial.replace(final)
     # no rank tears the process group down (a vLLM engine's close, end_training) while another still saves
     run.accelerator.wait_for_everyone()
     if run.backend is not None:
@@ -805,46 +855,79 @@ def save_final(run: Run) -> None:
 
 # ---------------------------------------------------------------- the loop
 def main(argv=None) -> None:
+    """Train, then print the reward curve. A Ctrl-C says in one line what is kept and how to go on from it, and
+    exits with status 130."""
     args = parse_args(argv)
     check_inputs(args)
     run = setup(args)
     start = resume(args, run)
+    started()  # from here on, a Ctrl-C is main's to report
+    try:
+        train(args, run, start)
+        if run.accelerator.is_main_process:
+            report(args, run)
+    except KeyboardInterrupt:
+        if run.accelerator.is_main_process:
+            print(interrupted(args, run), file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def train(args: argparse.Namespace, run: Run, start: int) -> None:
+    """The steps after `start`, each logged and every --save-every checkpointed, then the final model."""
     run.accelerator.init_trackers("kevin-grpo", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
                                                          for k, v in vars(args).items()})
-    history = []
     bar = tqdm(range(start, run.steps), initial=start, total=run.steps, desc="train", unit="step",
                disable=not run.accelerator.is_main_process, file=sys.stderr)
-    for index in bar:
-        started = time.perf_counter()
-        rollouts = step_rollouts(args, run, index)
-        rolled_out = time.perf_counter()
-        done = update(args, run, index, rollouts)
-        updated = time.perf_counter()
-        sync = push_policy(run, f"after step {index + 1}")
-        seconds = {"rollout": rolled_out - started, **rollouts.seconds, "update": updated - rolled_out,
-                   "push": time.perf_counter() - updated}
-        metrics = log_step(args, run, Step(index, rollouts, done, seconds, sync))
-        if done.memory and index == start:
-            run.accelerator.print(memory_line(done.memory))
-        history.append({"step": index + 1, **metrics})
-        bar.set_postfix(score=f"{metrics['reward/score']:.3f}", correct=f"{metrics['reward/correct']:.0%}")
-        if (index + 1) % args.save_every == 0 or index + 1 == run.steps:
-            save_checkpoint(run, index + 1)
-    bar.close()
+    try:
+        for index in bar:
+            began = time.perf_counter()
+            rollouts = step_rollouts(args, run, index)
+            rolled_out = time.perf_counter()
+            done = update(args, run, index, rollouts)
+            updated = time.perf_counter()
+            sync = push_policy(run, f"after step {index + 1}")
+            seconds = {"rollout": rolled_out - began, **rollouts.seconds, "update": updated - rolled_out,
+                       "push": time.perf_counter() - updated}
+            metrics = log_step(args, run, Step(index, rollouts, done, seconds, sync))
+            if done.memory and index == start:
+                run.accelerator.print(memory_line(done.memory))
+            bar.set_postfix(score=f"{metrics['reward/score']:.3f}", correct=f"{metrics['reward/correct']:.0%}")
+            if (index + 1) % args.save_every == 0 or index + 1 == run.steps:
+                save_checkpoint(run, index + 1)
+    finally:
+        bar.close()  # its line ended before anything else is printed
     save_final(run)
     run.accelerator.end_training()
-    if run.accelerator.is_main_process:
-        print(summary_table(history))
-        model = Path(args.model)  # named inside the repository where it lies there
-        name = model.relative_to(REPO) if model.is_absolute() and model.is_relative_to(REPO) else model.name
-        curve = learning_curves.plot_run([json.loads(line) for line in run.log_path.read_text().splitlines()],
-                                         run.log_path.with_suffix(".png"), f"GRPO from {name}")
-        print(f"metrics: {run.log_path}   curve: {curve}   model: {run.output_dir / 'final'}")
+
+
+def report(args: argparse.Namespace, run: Run) -> None:
+    """The run's reward curve as a table and beside the metrics log as a plot, and where everything is."""
+    logged = [json.loads(line) for line in run.log_path.read_text().splitlines()]
+    print(summary_table(logged))
+    model = Path(args.model)  # named inside the repository where it lies there
+    name = model.relative_to(REPO) if model.is_absolute() and model.is_relative_to(REPO) else model.name
+    curve = learning_curves.plot_run(logged, run.log_path.with_suffix(".png"), f"GRPO from {name}")
+    print(f"metrics: {run.log_path}   curve: {curve}   model: {run.output_dir / 'final'}")
+
+
+def interrupted(args: argparse.Namespace, run: Run) -> str:
+    """What a stopped run keeps (the steps logged; the model and optimizer at the latest checkpoint) and how to go
+    on: --resume from that checkpoint, else afresh."""
+    logged = logged_steps(run.log_path)
+    checkpoint = resume_checkpoint(run.output_dir, run.log_path)
+    if checkpoint is not None:
+        return (f"interrupted: {logged} of {run.steps} steps logged in {run.log_path}, checkpoint of step "
+                f"{checkpoint_step(checkpoint)} in {checkpoint}; re-run with --resume to go on from it")
+    if logged:
+        return (f"interrupted: {logged} of {run.steps} steps logged in {run.log_path}, none checkpointed yet (every "
+                f"--save-every {args.save_every} steps); re-run with --overwrite to start afresh")
+    return "interrupted: before the first step ended, nothing kept; re-run to start afresh"
 
 
 def summary_table(history: list[dict]) -> str:
-    """One row per step of this run: the reward curve, each turn's mean score (a later turn reads the evaluator's
-    feedback on the earlier ones), and the signals that warn of collapse or junk."""
+    """One row per step of the run (its metrics log, with the steps before a resume): the reward curve, each turn's
+    mean score (a later turn reads the evaluator's feedback on the earlier ones), and the signals that warn of
+    collapse or junk."""
     turns = learning_curves.turns_of(history)
     lines = [f"{'step':>4} {'score':>7} " + "".join(f"{'turn ' + str(t):>7} " for t in turns) +
              f"{'correct':>8} {'speedup':>8} {'zero-std':>9} {'entropy':>8} "
@@ -859,5 +942,9 @@ def summary_table(history: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    freeze_at_exit()
-    main()
+    try:
+        main()
+    except SystemExit as stop:  # bad input stops every process of a launch alike: the first alone says why
+        if first_process() or stop.code in (None, 0, 130):
+            raise
+        end_after_the_first(1 if isinstance(stop.code, str) else stop.code)

@@ -16,12 +16,14 @@ that `python train.py` trains:
                   per k (turns = 1), fast_1.0; the mean and the spread (population std) over seeds
 
 Output: --out-dir holds every run (train.py's folders, the pools as generate.py JSONL, kevin_table.json); the
-markdown table and the PNG go to --results (named for the device). A re-run skips what is finished: a train.py run
-whose metrics reach --steps and whose final model exists, a pool with every trajectory; a cut-short run resumes.
+markdown table and the PNG go to --results (named for the device; default: --out-dir, under the untracked runs/;
+`--results results` writes the copies the repository keeps). A re-run skips what is finished: a train.py run
+whose metrics reach --steps and whose final model exists, a pool with every trajectory; a cut-short run resumes. A
+Ctrl-C says in one line what is kept (exit status 130).
 
     python bench/kevin_table.py                        # GPU machine: CUDA kernels, the defaults
     python bench/kevin_table.py --device cpu --steps 4 --turns 2 --n-trajectories 2 --pool 4 --eval-turns 4 \
-        --budget 4                                     # 2-core CPU: C++ kernels, small settings (results/*_cpu.*)
+        --budget 4 --results results                   # 2-core CPU: C++ kernels, small settings (results/*_cpu.*)
 
 On two CPU cores a pool of 4 x 8 turns on the two held-out tasks took ~5 minutes, so the CPU run serves 4 turns
 (twice training's 2) and 1 x 4 to 4 x 1; the GPU defaults serve 8 turns and 1 x 8 to 8 x 1.
@@ -46,6 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 import scale_test  # noqa: E402
 from kevin.learning_curves import curves, plot_steps, pyplot  # noqa: E402
+from kevin.startup import quiet_ctrl_c_while_starting, started  # noqa: E402
 from learning_demo import read_metrics, repo_relative, train_command  # noqa: E402
 
 KINDS = ("warm", "multi", "single")  # the policy before RL, then trained multi-turn and single-turn
@@ -186,13 +189,18 @@ def plot(agg: dict, runs: dict[str, list[list[dict]]], path: Path, budget: int) 
 
 
 # ---------------------------------------------------------------- the runs
+def trained(folder: Path, steps: int) -> bool:
+    """Whether the train.py run in `folder` is finished: its metrics reach `steps` and its final model is saved."""
+    return len(read_metrics(folder / "metrics.jsonl")) >= steps and (folder / "final").exists()
+
+
 def train_runs(args, policy: Path, max_tokens: int, out: Path) -> dict[str, list[list[dict]]]:
     """Every training run, one at a time (train.py uses every core), skipping the finished ones."""
     runs = {"multi": [], "single": []}
     for seed in args.seed_list:
         for kind in ("multi", "single"):
             folder = out / "runs" / f"{kind}_seed{seed}"
-            if not (len(read_metrics(folder / "metrics.jsonl")) >= args.steps and (folder / "final").exists()):
+            if not trained(folder, args.steps):
                 folder.mkdir(parents=True, exist_ok=True)
                 print(f"train: {folder.name}", file=sys.stderr, flush=True)
                 with (folder / "train.log").open("w") as log:
@@ -226,8 +234,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="cuda: CUDA kernels on the GPU; cpu: C++ kernels (default: cuda with a GPU, cpu without)")
     p.add_argument("--out-dir", default=None, help="every run and pool (default: runs/kevin_table_<device>)")
-    p.add_argument("--results", default=str(REPO / "results"),
-                   help="where kevin_table_<device>.md and .png go")
+    p.add_argument("--results", default=None,
+                   help="where kevin_table_<device>.md and .png go (default: --out-dir; `results` for the kept copies)")
     # training
     p.add_argument("--seeds", type=int, default=3, help="seeds: each trains one multi- and one single-turn run")
     p.add_argument("--steps", type=int, default=8, help="GRPO steps per run")
@@ -249,6 +257,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but no GPU is visible")
     args.out_dir = Path(args.out_dir or REPO / "runs" / f"kevin_table_{args.device}")
+    args.results = Path(args.results or args.out_dir)
     args.seed_list = list(range(1, args.seeds + 1))
     return args
 
@@ -260,13 +269,28 @@ def command_line(argv: list[str]) -> str:
 
 # ---------------------------------------------------------------- the run
 def main(argv=None) -> None:
+    """The table. A Ctrl-C stops the run under way and says in one line what is kept (exit status 130)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # subprocess.run then kills the run under way
+    started()  # from here on, a Ctrl-C is main's to report
+    try:
+        make_table(args, argv)
+    except KeyboardInterrupt:
+        runs = args.out_dir / "runs"
+        done = sum(trained(runs / f"{kind}_seed{seed}", args.steps)
+                   for seed in args.seed_list for kind in ("multi", "single"))
+        print(f"interrupted: {done} of {2 * args.seeds} training runs finished in {runs}, the held-out pools kept as "
+              f"far as written in {args.out_dir / 'pools'}; the same command goes on from there", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def make_table(args, argv: list[str]) -> None:
+    """Warm start, training, held-out pools, scoring, the report."""
     import warm_start
     from generate import load_tasks
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # subprocess.run then kills the run under way
-    started = time.time()
+    began = time.time()
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     policy = warm_start.policy(args.device)
@@ -302,16 +326,17 @@ def main(argv=None) -> None:
                 "kernels_per_step": n * t, "heldout_tasks": ", ".join(sorted(heldout_ids)), "pool": args.pool,
                 "eval_turns": args.eval_turns, "budget": args.budget}
     text = markdown(agg, training, verdicts, settings, command_line(argv))
-    results = Path(args.results)
+    results = args.results
     results.mkdir(parents=True, exist_ok=True)
     (results / f"kevin_table_{args.device}.md").write_text(text)
     plot(agg, runs, results / f"kevin_table_{args.device}.png", args.budget)
     (out / "kevin_table.json").write_text(json.dumps(repo_relative({
         "settings": settings, "held_out": agg, "training": training, "verdicts": verdicts,
-        "seconds": round(time.time() - started, 1)}), indent=1))
+        "seconds": round(time.time() - began, 1)}), indent=1))
     print(text)
     print(f"table: {results / f'kevin_table_{args.device}.md'}   plot: {results / f'kevin_table_{args.device}.png'}")
 
 
 if __name__ == "__main__":
+    quiet_ctrl_c_while_starting("before any run")
     main()

@@ -20,7 +20,8 @@ the warm-started policy itself), end = the mean over the last --window steps. Th
 is far above the paper's 2e-6: the policy is a few million parameters and has a few steps; much higher
 and the updates blur the memorised kernels (entropy and new kernels rise). Runs go at once, up to
 --parallel, each on one GPU (round robin over the visible ones); a run whose metrics file is complete is
-not run again, and one that was cut short goes on from its last checkpoint (every 2 steps). The warm start is
+not run again, and one that was cut short goes on from its last checkpoint (every 2 steps): after a Ctrl-C, which
+says in one line what is kept, the same command goes on from there. The warm start is
 warm_start.policy's, made once for its settings and cached in .cache/warm_start/. Output in --out-dir:
 runs/<multi|single>_seed<k>/ (train.py's metrics, log, model), learning_demo.json (every number, and how many
 new kernels had to be compiled during GRPO) and learning_demo.png (score per step, score per turn).
@@ -39,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 BUILDS = REPO / ".cache" / "builds"  # evaluate.py's default build cache, which train.py uses
 sys.path.insert(0, str(REPO))
 from kevin.learning_curves import curves, mean, plot_steps, pyplot, turns_of  # noqa: E402
+from kevin.startup import quiet_ctrl_c_while_starting, started  # noqa: E402
 
 
 def repo_relative(value):
@@ -73,7 +75,8 @@ def train_command(args, kind: str, seed: int, model: str, max_tokens: int, out: 
             "--steps", str(args.steps), "--lr", str(args.lr), "--max-tokens", str(max_tokens),
             "--eval-device", args.device, "--seed", str(seed), "--save-every", "2", "--no-bf16",
             "--output-dir", str(out), "--log", str(out / "metrics.jsonl"),
-            *(["--resume"] if any((out / "checkpoints").glob("step_*")) else ["--overwrite"]),  # unfinished: afresh
+            *(["--resume"] if any((out / "checkpoints").glob("step_*/trainer_state.json"))  # a whole checkpoint
+              else ["--overwrite"]),  # unfinished: afresh
             *shlex.split(args.train_args)]
 
 
@@ -236,14 +239,27 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------- the run
 def main(argv=None) -> None:
+    """The demo. A Ctrl-C stops the runs under way and says in one line what is kept (exit status 130)."""
     args = parse_args(argv)
-    from tqdm import tqdm
-
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the runs it started are stopped too
-
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
+    names = [f"{kind}_seed{s}" for kind in ("multi", "single") for s in range(1, args.seeds + 1)]
+    started()  # from here on, a Ctrl-C is main's to report
+    try:
+        demo(args, out, names)
+    except KeyboardInterrupt:
+        finished = sum(len(read_metrics(out / "runs" / name / "metrics.jsonl")) >= args.steps for name in names)
+        print(f"interrupted: {finished} of {len(names)} GRPO runs finished in {out / 'runs'}; the same command goes on "
+              "from there (a run cut short from its last checkpoint)", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def demo(args, out: Path, names: list[str]) -> None:
+    """Warm start, the GRPO runs (`names`: multi- and single-turn, longest first, so GPUs get a mix), the report."""
+    from tqdm import tqdm
+
+    began = time.time()
 
     # ------------------------------------------------ warm start, once
     model = warm_started(args)
@@ -254,11 +270,10 @@ def main(argv=None) -> None:
         if not report.exists():
             raise SystemExit(f"--max-tokens is needed: {report} does not exist")
         args.max_tokens = json.loads(report.read_text())["longest_reply_tokens"] + 32
-    warm_s = time.time() - started
+    warm_s = time.time() - began
 
     # ------------------------------------------------ GRPO runs, several at once
     seeds = list(range(1, args.seeds + 1))
-    names = [f"{kind}_seed{s}" for kind in ("multi", "single") for s in seeds]  # longest first; GPUs get a mix
     todo = [name for name in names if len(read_metrics(out / "runs" / name / "metrics.jsonl")) < args.steps]
     rl_started = time.time()
     running: dict[str, tuple[subprocess.Popen, object]] = {}
@@ -270,7 +285,7 @@ def main(argv=None) -> None:
         for process, log in running.values():
             process.terminate()
             log.close()
-    bar.close()
+        bar.close()
     if failed:
         raise SystemExit(f"train.py failed for {', '.join(failed)}: see {out / 'runs' / failed[0] / 'train.log'}")
 
@@ -293,4 +308,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    quiet_ctrl_c_while_starting("before any run")
     main()

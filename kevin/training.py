@@ -1,13 +1,17 @@
 """train.py's machinery: the Accelerator for a launch config, the policy and its optimizer as accelerate prepares
-them, the policy switched to generation, what an earlier run left in the output folder, and what the GPU holds
-during an update."""
+them, the policy switched to generation, the output folder (locked, and what an earlier run left in it), and what
+the GPU holds during an update."""
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
+import signal
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -103,6 +107,38 @@ def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: 
     return model, optimizer
 
 
+def first_process() -> bool:
+    """Whether this is the launch's first process (or there is no launch): the one that speaks for all. Read from
+    the launcher's environment, so that it holds before the processes have met."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def end_after_the_first(status: int, grace_s: float = 10.0) -> None:
+    """End, silently and with `status`, a process of a launch stopped by bad input that the first process meets too
+    and reports: when the launcher stops it, on seeing the first one end, or at most after `grace_s`. Ending at once
+    could have the launcher stop the first process before it has said why."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(status))
+    time.sleep(grace_s)
+    sys.exit(status)
+
+
+def lock_output_dir(output_dir: Path) -> None:
+    """The output folder, made if need be, locked (advisory, as evaluate.py's -o output) until this process ends:
+    a second run on it would log every step twice and save its checkpoints over the first's. The descriptor is
+    left open on purpose (close-on-exec: no compiler or fork-server child inherits it)."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        held = os.open(output_dir, os.O_RDONLY)
+    except OSError as e:
+        raise SystemExit(f"error: cannot write --output-dir {output_dir}: {e.strerror}") from None
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(held)
+        raise SystemExit(f"error: --output-dir {output_dir} is in use by another train.py run; wait for it to end "
+                         "or pass another --output-dir") from None
+
+
 def previous_run(output_dir: Path, log_path: Path) -> list[Path]:
     """What an earlier run left: its checkpoints, final model and metrics log."""
     return [path for path in (output_dir / "checkpoints", output_dir / "final", log_path) if path.exists()]
@@ -123,12 +159,18 @@ def logged_steps(log_path: Path) -> int:
     return max((json.loads(line)["step"] for line in lines if line.strip()), default=0)
 
 
+def checkpoint_step(checkpoint: Path) -> int:
+    """The steps done at a checkpoint, from its name."""
+    return int(checkpoint.name.removeprefix("step_"))
+
+
 def resume_checkpoint(output_dir: Path, log_path: Path) -> Path | None:
-    """The latest checkpoint that the metrics log reaches (any, without a log): where the two agree."""
-    found = sorted((output_dir / "checkpoints").glob("step_*"))
+    """The latest whole checkpoint (its trainer_state.json, written last, there) that the metrics log reaches (any,
+    without a log): where the two agree. One cut short by a stop while saving is passed over."""
+    found = sorted(state.parent for state in (output_dir / "checkpoints").glob("step_*/trainer_state.json"))
     if log_path.exists():
         logged = logged_steps(log_path)
-        found = [path for path in found if int(path.name.removeprefix("step_")) <= logged]
+        found = [path for path in found if checkpoint_step(path) <= logged]
     return found[-1] if found else None
 
 

@@ -8,8 +8,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import weakref
 from pathlib import Path
 
@@ -467,7 +469,8 @@ def test_tiny_smoke_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (see README)")
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="deepspeed is not installed (docs/training.md#deepspeed-zero-3)")
 def test_zero3_with_the_optimizer_offloaded_trains_online_on_one_gpu(tmp_path):
     """configs/deepspeed_zero3.yaml as shipped (CPU Adam, built at first use), the tiny model, two online steps:
     the loop runs and logs, the GPU holds no optimizer state, and the first step's memory is printed. (The tiny
@@ -600,6 +603,164 @@ def test_resume_takes_the_latest_checkpoint_the_metrics_log_reaches(tmp_path, ro
     assert [m["step"] for m in read_log(out)] == [1, 2]
     uninterrupted, resumed = final_weights(offline_run[0]), final_weights(out)
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def files(folder: Path) -> dict[Path, tuple[bytes, int]]:
+    """Every file under `folder`: its bytes and when it was last written."""
+    return {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in folder.rglob("*") if path.is_file()}
+
+
+def test_resume_of_a_finished_run_says_so_in_one_line_and_rewrites_nothing(tmp_path, rollouts, offline_run):
+    out = tmp_path / "run"
+    shutil.copytree(offline_run[0], out)
+    before = files(out)
+    done = run_train(*offline_args(rollouts, out), "--resume")
+    assert done.stdout.splitlines() == [f"nothing to resume: {out} holds a run finished after step 2, its model in "
+                                        f"{out / 'final'}"], done.stdout
+    assert "Traceback" not in done.stderr and files(out) == before
+
+
+def test_resume_of_a_run_stopped_while_saving_its_final_model_saves_it_whole_and_trains_no_step(tmp_path, rollouts,
+                                                                                                 offline_run):
+    """Stopped after its last checkpoint, while writing final.partial: --resume writes the final model afresh
+    (nothing of the partial one left) and prints the table of the steps the log holds."""
+    out = tmp_path / "run"
+    shutil.copytree(offline_run[0], out)
+    shutil.copytree(out / "final", out / "final.partial")
+    shutil.rmtree(out / "final")
+    (out / "final.partial" / "adapter_model.safetensors").write_text("half written")
+    log = (out / "metrics.jsonl").read_text()
+    done = run_train(*offline_args(rollouts, out), "--resume")
+    assert "step_000002 after step 2" in done.stdout and (out / "metrics.jsonl").read_text() == log
+    assert [line.split()[0] for line in done.stdout.splitlines()[1:4]] == ["step", "1", "2"], done.stdout
+    assert not (out / "final.partial").exists() and not (out / "final" / "adapter_model.safetensors").exists()
+    uninterrupted, resumed = final_weights(offline_run[0]), final_weights(out)
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def test_resume_passes_over_a_checkpoint_cut_short_while_saving(tmp_path, rollouts, offline_run):
+    """Stopped while saving step 2's checkpoint (its trainer_state.json, written last, missing): --resume goes on
+    from step 1's and ends with the uninterrupted run's weights."""
+    out = tmp_path / "run"
+    shutil.copytree(offline_run[0], out)
+    shutil.rmtree(out / "final")
+    (out / "checkpoints" / "step_000002" / "trainer_state.json").unlink()
+    done = run_train(*offline_args(rollouts, out), "--resume")
+    assert "step_000001 after step 1" in done.stdout and [m["step"] for m in read_log(out)] == [1, 2]
+    uninterrupted, resumed = final_weights(offline_run[0]), final_weights(out)
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def test_a_second_run_on_the_same_output_dir_is_refused_while_the_first_holds_it(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "train.py", "--model", "tiny", "--steps", "2", "--max-tokens", "16",
+               "--output-dir", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with (tmp_path / "first.err").open("w") as err:
+        first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        time.sleep(0.3)
+        second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+        first.wait(timeout=300)
+    stderr = {first.returncode: (tmp_path / "first.err").read_text(), second.returncode: second.stderr}
+    assert sorted(stderr) == [0, 1], stderr  # whichever locked the folder first ran; the other was refused
+    assert "Traceback" not in stderr[1] and stderr[1].strip().splitlines()[-1] == (
+        f"error: --output-dir {out} is in use by another train.py run; wait for it to end or pass another --output-dir")
+    assert [m["step"] for m in read_log(out)] == [1, 2]
+
+
+def ctrl_c(command: list[str], ready, stderr_path: Path) -> tuple[int, str]:
+    """(exit status, stderr) of `command`, given a Ctrl-C to its whole process group (as a terminal does) once
+    `ready(its stderr so far)` holds. Ctrl-C is handled there as in a terminal even where pytest runs with it ignored
+    (a background job), which the command would inherit."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with stderr_path.open("w") as err:
+            proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and not ready(stderr_path.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    return proc.returncode, stderr_path.read_text()
+
+
+def whole(checkpoint: Path) -> bool:
+    """Whether the checkpoint's trainer_state.json, written last, is there and whole."""
+    try:
+        return "step" in json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def test_ctrl_c_says_in_one_line_what_is_kept_and_resume_goes_on_from_it(tmp_path):
+    out = tmp_path / "run"
+    flags = ["--model", "tiny", "--steps", "3", "--save-every", "1", "--max-tokens", "16", "--output-dir", str(out)]
+    status, stderr = ctrl_c([sys.executable, "train.py", *flags], lambda _: whole(out / "checkpoints" / "step_000001"),
+                            tmp_path / "stderr")
+    assert status == 130 and "Traceback" not in stderr, stderr[-3000:]
+    logged = len(read_log(out))  # 1, unless step 2 ended before the signal came
+    assert stderr.splitlines()[-1] == (f"interrupted: {logged} of 3 steps logged in {out / 'metrics.jsonl'}, "
+                                       f"checkpoint of step {logged} in {out / 'checkpoints' / f'step_{logged:06d}'}; "
+                                       "re-run with --resume to go on from it"), stderr[-3000:]
+    done = run_train(*flags, "--resume")
+    assert f"after step {logged}" in done.stdout and [m["step"] for m in read_log(out)] == [1, 2, 3]
+
+
+def test_ctrl_c_during_the_first_step_leaves_nothing_that_blocks_a_rerun(tmp_path):
+    out = tmp_path / "run"
+    flags = ["--model", "tiny", "--steps", "1", "--max-tokens", "16", "--output-dir", str(out)]
+    status, stderr = ctrl_c([sys.executable, "train.py", *flags], lambda err: "train:" in err, tmp_path / "stderr")
+    assert status == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.splitlines()[-1] == "interrupted: before the first step ended, nothing kept; re-run to start afresh"
+    assert not (out / "metrics.jsonl").exists()
+    resumed = subprocess.run([sys.executable, "train.py", *flags, "--resume"], capture_output=True, text=True,
+                             cwd=ROOT, timeout=120)
+    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
+    assert resumed.stderr.splitlines()[-1] == f"error: --resume: nothing to resume in {out} (no checkpoint); run " \
+                                              "without --resume"
+    run_train(*flags)
+    assert [m["step"] for m in read_log(out)] == [1]
+
+
+LAUNCH_2 = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
+            "--num_processes", "2"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--turns", "0"], "error: --turns must be at least 1, got 0"),  # before the processes have met
+    (["--turns", "two"], "argument --turns: invalid int value: 'two'"),  # argparse's own
+    (["--tasks-per-step", "3"], "error: --tasks-per-step 3 does not divide over 2 processes"),  # after they met
+])
+def test_bad_input_under_a_launch_is_said_once_by_the_first_process(tmp_path, argv, message):
+    """accelerate's launcher (torchrun) still reports that the processes failed; that is its own, not ours."""
+    done = subprocess.run([*LAUNCH_2, "train.py", "--model", "tiny", "--output-dir", str(tmp_path), *argv],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode != 0 and done.stderr.count(message) == 1, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("script, flags, kept", [
+    ("learning_demo.py", ["--warm-model", "{tiny}", "--max-tokens", "8", "--seeds", "1", "--turns", "2",
+                          "--n-trajectories", "1", "--window", "1"],
+     "interrupted: 0 of 2 GRPO runs finished in {out}/runs; the same command goes on from there (a run cut short "
+     "from its last checkpoint)"),
+    ("kevin_table.py", ["--turns", "1", "--n-trajectories", "1", "--pool", "1", "--eval-turns", "1", "--budget", "1",
+                        "--results", "{out}/results"],
+     "interrupted: 0 of 2 training runs finished in {out}/runs, the held-out pools kept as far as written in "
+     "{out}/pools; the same command goes on from there"),
+])
+def test_ctrl_c_of_a_bench_that_trains_is_one_line(tmp_path, script, flags, kept):
+    """The Ctrl-C comes as the first train.py run starts."""
+    out = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "bench" / script), "--device", "cpu", "--seeds", "1", "--steps", "1",
+               "--out-dir", str(out), *(flag.format(out=out, tiny=build_tiny_model()) for flag in flags)]
+    status, stderr = ctrl_c(command, lambda _: (out / "runs" / "multi_seed1" / "train.log").exists(),
+                            tmp_path / "stderr")
+    assert status == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.splitlines()[-1] == kept.format(out=out), stderr[-3000:]
 
 
 def test_lora_trains_adapters_only(tmp_path, rollouts):
