@@ -68,19 +68,27 @@ class HFBackend(ChatTokens):
 
     def generate(self, prompts: list[list[dict]], seeds: list[int]) -> list[Reply]:
         """Each reply draws its tokens with its own seed (RowSampler), so it does not depend on the other prompts of
-        its batch; only the last bits of its log-probs do (the batch's size and padding change the sums)."""
+        its batch; only the last bits of its log-probs do (the batch's size and padding change the sums). The
+        checkpoint's generation_config is set aside meanwhile: the processors it would add (a repetition penalty,
+        no-repeat n-grams, suppressed tokens; `generate` fills a config's defaults from it) would make the sampler
+        draw from a distribution the trainer never computes."""
         import torch
+        from transformers import GenerationConfig
 
         batch = self.tokenizer.pad({"input_ids": [self.prompt_token_ids(m) for m in prompts]}, return_tensors="pt")
         batch = batch.to(self.model.device)
         sampler = RowSampler(seeds, self.temperature)
-        with torch.no_grad(), token_progress(self.max_tokens, len(prompts), self.progress) as step:
-            # greedy search over what the sampler leaves: the one token it drew in each row
-            sequences = self.model.generate(
-                **batch, do_sample=False, temperature=None, top_k=None, top_p=None, logits_processor=[sampler],
-                max_new_tokens=self.max_tokens, pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
-                synced_gpus=self.synced_gpus, stopping_criteria=[step],
-            )
+        shipped, self.model.generation_config = self.model.generation_config, GenerationConfig()
+        try:
+            with torch.no_grad(), token_progress(self.max_tokens, len(prompts), self.progress) as step:
+                # greedy search over what the sampler leaves: the one token it drew in each row
+                sequences = self.model.generate(
+                    **batch, do_sample=False, logits_processor=[sampler], max_new_tokens=self.max_tokens,
+                    pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids), synced_gpus=self.synced_gpus,
+                    stopping_criteria=[step],
+                )
+        finally:
+            self.model.generation_config = shipped
         new_tokens = sequences[:, batch["input_ids"].shape[1]:].tolist()
         replies = []
         for ids, lps in zip(new_tokens, sampler.logprobs()):

@@ -2,6 +2,7 @@
 two-process and resumed runs of the script itself, LoRA, and the colocated vLLM engine."""
 
 import argparse
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -363,12 +364,23 @@ def test_the_heads_triton_kernels_compute_what_its_eager_functions_do():
     assert done.returncode == 0 and "kernels agree" in done.stdout, done.stderr[-3000:]
 
 
-def test_the_policys_logprobs_of_its_own_replies_equal_the_sampling_logprobs(tiny):
-    """So the first update is on-policy (ratio 1) through left padding, position ids and temperature."""
+@pytest.mark.parametrize("shipped", [{}, {"repetition_penalty": 1.3}, {"no_repeat_ngram_size": 1},
+                                     {"temperature": 0.5, "top_k": 3, "suppress_tokens": list(range(100, 400))}])
+def test_the_policys_logprobs_of_its_own_replies_equal_the_sampling_logprobs(tiny, shipped):
+    """So the first update is on-policy (ratio 1) through left padding, position ids and temperature, whatever the
+    checkpoint's generation_config ships (instruct checkpoints often carry a repetition penalty): the sampler draws
+    from the distribution the trainer scores, and the checkpoint's config is left as it was."""
     model, tokenizer = tiny
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(saved)
+    model.generation_config.update(**shipped)
     backend = HFBackend(model, temperature=0.9, max_tokens=12, tokenizer=tokenizer)
     prompts = [[{"role": "user", "content": "Hi."}], [{"role": "user", "content": "Write a longer request here."}]]
-    replies = backend.generate(prompts, [5, 6])
+    try:
+        replies = backend.generate(prompts, [5, 6])
+        assert model.generation_config.to_dict() == {**saved.to_dict(), **shipped}
+    finally:
+        model.generation_config = saved
     samples = [batching.Sample(backend.prompt_token_ids(m), r.token_ids, None, 1.0) for m, r in zip(prompts, replies)]
     batch = batching.collate(samples, tokenizer.pad_token_id)
     with torch.no_grad():
