@@ -35,7 +35,7 @@ import math
 import signal
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Iterable, Literal
 
 from kevin.config_flags import add_config_flags, given_flags
@@ -148,14 +148,15 @@ def trajectory_scores(trajectory: dict, config: RewardConfig) -> list[float]:
 
 
 def add_rewards(trajectories: list[dict], config: RewardConfig = RewardConfig()) -> list[dict]:
-    """Copies of the trajectories whose turns carry "score", "return" and "advantage"."""
+    """Copies of the trajectories whose turns carry "score", "return" and "advantage", each naming the settings
+    that made them (`rewarded_with`: a later stage given other flags can tell)."""
     out = []
     groups = defaultdict(list)  # key -> [(trajectory index, turn index)]
     for i, trajectory in enumerate(trajectories):
         scores = trajectory_scores(trajectory, config)
         returns = discounted_returns(scores, config.gamma, config.return_mode)
         turns = [{**turn, "score": s, "return": r} for turn, s, r in zip(trajectory["turns"], scores, returns)]
-        out.append({**trajectory, "turns": turns})
+        out.append({**trajectory, "turns": turns, "rewarded_with": asdict(config)})
         for t in range(len(turns)):
             groups[group_key(i, trajectory["task"], t, config.group_by)].append((i, t))
     for members in groups.values():

@@ -82,7 +82,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
@@ -547,10 +547,20 @@ class Run:
 
 
 def offline_plan(args: argparse.Namespace, world: int) -> tuple[list[list[list[dict]]], int]:
-    """The --rollouts file cut into steps (rewards added where missing), and the most turn-samples one rank
-    gets in a step."""
+    """The --rollouts file cut into steps, and the most turn-samples one rank gets in a step. Its advantages are
+    made here with this run's reward flags, unless reward.py made them: then with the same settings, or the run is
+    refused (flags that changed nothing would be worse)."""
     trajectories = reward.load_trajectories(args.rollouts)
-    if not all({"score", "return", "advantage"} <= set(turn) for record in trajectories for turn in record["turns"]):
+    wanted = asdict(args.reward)
+    made = [record.get("rewarded_with") for record in trajectories]
+    if all(made):
+        differ = sorted({f"--{key.replace('_', '-')} {m[key]}" for m in made for key in wanted
+                         if key != "eps" and m.get(key) != wanted[key]})  # eps: reward.py's flag alone
+        if differ:
+            raise SystemExit(f"error: --rollouts {args.rollouts}: its advantages were made with {', '.join(differ)}, "
+                             "which this run's flags do not say: give train.py those flags, or reward.py's input "
+                             "(train.py then makes the advantages itself)")
+    else:
         trajectories = reward.add_rewards(trajectories, args.reward)
     try:
         turn_samples(trajectories)

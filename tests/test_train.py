@@ -663,6 +663,25 @@ def test_resume_passes_over_a_checkpoint_cut_short_while_saving(tmp_path, rollou
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
 
 
+@pytest.mark.parametrize("made_with, given, refused", [
+    ([], [], False), (["--gamma", "0.8"], [], True), (["--gamma", "0.8"], ["--gamma", "0.8"], False),
+    (["--baseline", "leave-one-out"], ["--group-by", "trajectory"], True)])
+def test_advantages_reward_py_made_are_trained_on_only_with_the_flags_that_made_them(tmp_path, rollouts, made_with,
+                                                                                   given, refused):
+    """Reward flags given to train.py with a file whose advantages reward.py made otherwise would change nothing:
+    the run is refused in one line naming the settings that made them; with the same settings it trains."""
+    rewarded = tmp_path / "rewarded.jsonl"
+    with open(rewarded, "w") as out:
+        subprocess.run([sys.executable, "reward.py", str(rollouts), *made_with], stdout=out, cwd=ROOT, check=True)
+    done = subprocess.run([sys.executable, "train.py", *offline_args(rewarded, tmp_path / "out"), "--steps", "1",
+                           *given], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    if refused:
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+        assert "its advantages were made with" in done.stderr and made_with[0] in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_a_second_run_on_the_same_output_dir_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "train.py", "--model", "tiny", "--steps", "2", "--max-tokens", "16",
