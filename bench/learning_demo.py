@@ -75,9 +75,13 @@ def train_command(args, kind: str, seed: int, model: str, max_tokens: int, out: 
             "--steps", str(args.steps), "--lr", str(args.lr), "--max-tokens", str(max_tokens),
             "--eval-device", args.device, "--seed", str(seed), "--save-every", "2", "--no-bf16",
             "--output-dir", str(out), "--log", str(out / "metrics.jsonl"),
-            *(["--resume"] if any((out / "checkpoints").glob("step_*/trainer_state.json"))  # a whole checkpoint
-              else ["--overwrite"]),  # unfinished: afresh
-            *shlex.split(args.train_args)]
+            *go_on_or_afresh(out), *shlex.split(args.train_args)]
+
+
+def go_on_or_afresh(out: Path) -> list[str]:
+    """train.py's flag for a run into `out`: --resume where a whole checkpoint is there to go on from, else
+    --overwrite (a run cut short before its first checkpoint starts afresh; a fresh folder holds nothing to delete)."""
+    return ["--resume"] if any((out / "checkpoints").glob("step_*/trainer_state.json")) else ["--overwrite"]
 
 
 def read_metrics(path: Path) -> list[dict]:

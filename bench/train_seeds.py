@@ -5,7 +5,8 @@ this file, not from one lucky run.
 
     python bench/train_seeds.py --out results/train_seeds_cpu.json        # 3 seeds; on two CPU cores ~7 min each
 
-A seed whose run finished is not run again (its minutes kept from --out); one cut short goes on from its last checkpoint (train.py --resume).
+A seed whose run finished is not run again (its minutes kept from --out); one cut short goes on from its last
+checkpoint (train.py --resume), or starts afresh where it had none.
 Output: --out (every step's score and share correct, per seed) and a summary table.
 """
 import argparse
@@ -16,13 +17,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from learning_demo import go_on_or_afresh  # noqa: E402
 
 
 def run_seed(seed: int, folder: Path, extra: list[str]) -> float:
-    """train.py's default run for `seed` into `folder` (resumed where a metrics log exists); its minutes."""
+    """train.py's default run for `seed` into `folder` (resumed from its last checkpoint, if any); its minutes."""
     started = time.perf_counter()
-    resume = ["--resume"] if (REPO / folder / "metrics.jsonl").exists() else []
-    command = [sys.executable, "train.py", "--seed", str(seed), "--output-dir", str(folder), *resume, *extra]
+    command = [sys.executable, "train.py", "--seed", str(seed), "--output-dir", str(folder),
+               *go_on_or_afresh(REPO / folder), *extra]
     print("+", " ".join(command[1:]), flush=True)
     if subprocess.run(command, cwd=REPO).returncode != 0:
         raise SystemExit(f"error: train.py failed for seed {seed} (its output: {folder})")
