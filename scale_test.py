@@ -41,15 +41,18 @@ import copy
 import json
 import math
 import shlex
+import subprocess
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from kevin.config_flags import add_config_flags, given_flags
+from kevin.config_flags import add_config_flags, given_flags, parse_config
 from kevin.startup import freeze_at_exit
-from reward import load_trajectories
+
+ROOT = Path(__file__).resolve().parent
+from kevin.rewards import load_trajectories
 
 
 @dataclass(frozen=True)
@@ -243,23 +246,27 @@ def offline_report(pools: dict[str, list[list[dict]]], budget: int, turn_counts:
 def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path: Path) -> list[dict]:
     """Beam search with generate.py's own turn, one task at a time; finished tasks are appended to
     `path`, and a re-run skips them."""
-    import generate
-    from evaluate import EvalConfig
+    from kevin.evaluator import EvalConfig  # torch and transformers load only in live mode
+    from kevin.rollout_config import GenerateConfig
+    from kevin.rollouts import kernel_device, make_backend, run_turns
+    from kevin.tasks import load_tasks
 
-    args = generate.parse_args([*generate_args, "--n-trajectories", str(width), "--turns", str(turns),
-                                "--out", str(path)])
+    p = argparse.ArgumentParser(prog="scale_test.py --generate-args")
+    add_config_flags(p, GenerateConfig)
+    args = parse_config(p, GenerateConfig, [*generate_args, "--n-trajectories", str(width), "--turns", str(turns),
+                                            "--out", str(path)])
     done = load_trajectories(str(path)) if path.exists() else []
-    todo = [task for task in generate.load_tasks(args.tasks, args.split) if task.id not in {t["task"] for t in done}]
+    todo = [task for task in load_tasks(args.tasks, args.split) if task.id not in {t["task"] for t in done}]
     if not todo:
         return done
-    device = generate.kernel_device(args)
-    backend = generate.make_backend(args)
+    device = kernel_device(args)
+    backend = make_backend(args)
     eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules)
     for task in todo:
         def step(states: list[dict]) -> list[dict]:
             for position, state in enumerate(states):
                 state["trajectory"] = position  # copies of one beam draw their own samples
-            generate.run_turns(states, [task] * len(states), backend, eval_config, turns=1, seed=args.seed,
+            run_turns(states, [task] * len(states), backend, eval_config, turns=1, seed=args.seed,
                                device=device, context_budget=args.context_budget)
             return states
 
@@ -278,14 +285,15 @@ def live_report(cfg: ScaleTestConfig) -> dict:
             raise SystemExit(f"error: --generate-args must not set {flag}: scale_test.py sets it per allocation")
     if cfg.budget % cfg.beam_width or cfg.beam_width % cfg.beam_keep:
         raise SystemExit("error: --beam-width must divide --budget and --beam-keep must divide --beam-width")
-    import generate  # torch and transformers load only in live mode
-
     cfg.out_dir.mkdir(exist_ok=True)  # its folder exists: main checked
     rows, files, pools_by_turns = [], [], {}
     for n, t in allocations(cfg.budget, cfg.turns):
         path = cfg.out_dir / f"{n}x{t}.jsonl"
         print(f"allocation {n} x {t}: generating into {path}", file=sys.stderr)
-        generate.main([*generate_args, "--n-trajectories", str(n), "--turns", str(t), "--out", str(path)])
+        generate = [sys.executable, str(ROOT / "generate.py"), *generate_args, "--n-trajectories", str(n),
+                    "--turns", str(t), "--out", str(path)]
+        if code := subprocess.run(generate).returncode:
+            raise SystemExit(code)
         # a resumed file may hold more trajectories
         pools = group_pools([r for r in load_trajectories(str(path)) if r["trajectory"] < n])
         rows.append(allocation_row(pools, n, t, cfg.thresholds))

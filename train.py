@@ -32,7 +32,7 @@ Run:
   python train.py --resume                           # go on from the last checkpoint in --output-dir
   python train.py --overwrite                        # start afresh where a previous run left its output
 
-With no --model, the policy is the small one warm-started on the kernel library (warm_start.policy: shipped for the
+With no --model, the policy is the small one warm-started on the kernel library (warm_policy.policy: shipped for the
 CPU, else made once at the first run and cached in .cache/warm_start), trained on every task of the library (CUDA
 kernels on a GPU, C++ on the CPU) with 4 trajectories x 2 turns a task for 8 steps (16 for C++) at lr 5e-5: a run of
 minutes whose score and share correct rise. The paper's sizes are the defaults for a real model on a GPU. For
@@ -97,14 +97,15 @@ from accelerate.utils import gather_object, set_seed
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import reward
-from evaluate import EvalConfig
-from generate import Task, load_tasks, run_turns
+from kevin import rewards
 from kevin import learning_curves
 from kevin.batching import Sample, collate, put_logprob_head, reply_logprobs
 from kevin.backends import HFBackend, check_model, check_vllm
 from kevin.config_flags import add_config_flags, check, given_flags
+from kevin.evaluator import EvalConfig
 from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
+from kevin.rollouts import run_turns
+from kevin.tasks import Task, load_tasks
 from kevin.tiny_model import build_tiny_model
 from kevin.training import (UpdateMemory, checkpoint_step, clear_previous_run, end_after_the_first, first_process,
                             is_sharded, load_policy, lock_output_dir, logged_steps, make_accelerator, memory_line,
@@ -383,7 +384,7 @@ class TrainConfig(RolloutConfig):
     """The rollout settings (kevin/rollout_config.py), their sizes and place left to the machine, and training's own."""
     model: str = "warm-start"
     """the policy: 'warm-start', the small policy warm-started on solutions/warm_start/ (shipped for the CPU, else
-    made once and cached; warm_start.policy), trained on every task of its library; 'tiny', the bare random tiny
+    made once and cached; warm_policy.policy), trained on every task of its library; 'tiny', the bare random tiny
     model (a smoke test: it writes junk, every score 0); or an HF id or local path"""
     tasks: str | None = None
     """task file, folder or split name of tasks/split.json (default: train with a GPU, tests/tasks without)"""
@@ -491,12 +492,12 @@ def filled_in(config: TrainConfig) -> TrainConfig:
     on_gpu = torch.cuda.is_available()
     place = GPU_PLACE if on_gpu else CPU_PLACE
     if config.model == "warm-start":
-        import warm_start
+        from kevin import warm_policy
 
         device = config.eval_device or place["eval_device"]
-        model = warm_start.policy(device)
+        model = warm_policy.policy(device)
         report = json.loads((model / "warm_start.json").read_text())
-        tasks = config.tasks or str(warm_start.DEFAULT_TASKS[device])
+        tasks = config.tasks or str(warm_policy.DEFAULT_TASKS[device])
         sizes = {**WARM_START_SIZES, "tasks_per_step": len(load_tasks(tasks, config.split)),
                  "max_tokens": report["longest_reply_tokens"] + 32}
         if device == "cpu":
@@ -515,14 +516,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     error."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_config_flags(p, TrainConfig)
-    reward.add_reward_flags(p)  # reward.py's flags and defaults
+    rewards.add_reward_flags(p)  # reward.py's flags and defaults
     with contextlib.redirect_stderr(sys.stderr if first_process() else io.StringIO()):  # argparse's error, once
         args = p.parse_args(argv)
     try:
         config = filled_in(TrainConfig(**given_flags(args, TrainConfig)))
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    return argparse.Namespace(**{**vars(args), **vars(config)}, reward=reward.reward_config(args))
+    return argparse.Namespace(**{**vars(args), **vars(config)}, reward=rewards.reward_config(args))
 
 
 # ---------------------------------------------------------------- setup
@@ -550,7 +551,7 @@ def offline_plan(args: argparse.Namespace, world: int) -> tuple[list[list[list[d
     """The --rollouts file cut into steps, and the most turn-samples one rank gets in a step. Its advantages are
     made here with this run's reward flags, unless reward.py made them: then with the same settings, or the run is
     refused (flags that changed nothing would be worse)."""
-    trajectories = reward.load_trajectories(args.rollouts)
+    trajectories = rewards.load_trajectories(args.rollouts)
     wanted = asdict(args.reward)
     made = [record.get("rewarded_with") for record in trajectories]
     if all(made):
@@ -561,7 +562,7 @@ def offline_plan(args: argparse.Namespace, world: int) -> tuple[list[list[list[d
                              "which this run's flags do not say: give train.py those flags, or reward.py's input "
                              "(train.py then makes the advantages itself)")
     else:
-        trajectories = reward.add_rewards(trajectories, args.reward)
+        trajectories = rewards.add_rewards(trajectories, args.reward)
     try:
         turn_samples(trajectories)
     except ValueError as error:
@@ -705,7 +706,7 @@ def step_rollouts(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
         seconds = run_turns(records, record_tasks, generator, run.eval_config, turns=args.turns,
                             seed=f"{args.seed}/{step}", device=args.eval_device, context_budget=args.context_budget,
                             overlap=args.overlap)
-    return Rollouts(reward.add_rewards(records, args.reward), args.tasks_per_step * args.n_trajectories * args.turns,
+    return Rollouts(rewards.add_rewards(records, args.reward), args.tasks_per_step * args.n_trajectories * args.turns,
                     picked, seconds)
 
 
@@ -729,7 +730,7 @@ def samples_to_train_on(args: argparse.Namespace, rollouts: Rollouts) -> tuple[l
     the normaliser but out of the loss."""
     trajectories, counted, dropped = rollouts.trajectories, rollouts.samples, 0
     if args.filter_zero_std:
-        trajectories = reward.drop_zero_advantage_groups(trajectories, args.reward.group_by)
+        trajectories = rewards.drop_zero_advantage_groups(trajectories, args.reward.group_by)
         dropped = sum(len(r["turns"]) for r in rollouts.trajectories) - sum(len(r["turns"]) for r in trajectories)
         counted -= sum(gather_object([dropped]))
     if args.mask_truncated:

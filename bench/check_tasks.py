@@ -15,7 +15,8 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import evaluate as ev  # noqa: E402
+from kevin import evaluator as ev
+from kevin.tasks import index_tasks
 from kevin.run_child import flatten_outputs, import_file  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) 
 def check_tasks(folder: str, device: str) -> int:
     """Print a table of every task's flags on stdout, so `> file.md` keeps it (progress goes to stderr); the
     number of flagged tasks."""
-    tasks = ev.index_tasks(folder)
+    tasks = index_tasks(folder)
     flagged = 0
     lines = ["| task | flags |", "|---|---|"]
     for task_id, path in tqdm(tasks.items(), desc="checking tasks", file=sys.stderr):

@@ -4,7 +4,7 @@ than training used (serial) or sample more trajectories (parallel) at the same k
 
 The paper's shape (Kevin, arXiv 2507.11948, Table 2 and its test-time scaling figure), shrunk to the small policy
 that `python train.py` trains:
-  1. warm start   warm_start.policy(): the small policy warm-started on the variant library (solutions/warm_start/)
+  1. warm start   warm_policy.policy(): the small policy warm-started on the variant library (solutions/warm_start/)
   2. training     for every seed, train.py from it, multi-turn (--n-trajectories n x --turns T a task) and single-turn
                   (n*T x 1): the same kernels evaluated per step, on every task of the library
   3. held-out     the warm-started policy (before RL) and both trained ones write --pool trajectories x --eval-turns
@@ -287,17 +287,17 @@ def main(argv=None) -> None:
 
 def make_table(args, argv: list[str]) -> None:
     """Warm start, training, held-out pools, scoring, the report."""
-    import warm_start
-    from generate import load_tasks
+    from kevin import warm_policy
+    from kevin.tasks import load_tasks
 
     began = time.time()
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    policy = warm_start.policy(args.device)
+    policy = warm_policy.policy(args.device)
     report = json.loads((policy / "warm_start.json").read_text())
     max_tokens = report["longest_reply_tokens"] + 32
-    args.tasks = str(warm_start.DEFAULT_TASKS[args.device])
-    args.heldout = str(warm_start.HELDOUT_TASKS[args.device])
+    args.tasks = str(warm_policy.DEFAULT_TASKS[args.device])
+    args.heldout = str(warm_policy.HELDOUT_TASKS[args.device])
     args.tasks_per_step = len(load_tasks(args.tasks, None))
     train_ids = {t.id for t in load_tasks(args.tasks, None)}
     heldout_ids = {t.id for t in load_tasks(args.heldout, None)}
@@ -321,7 +321,7 @@ def make_table(args, argv: list[str]) -> None:
     allocations = list(agg["warm"]["allocations"])
     verdicts = [verdict(agg, a) for a in allocations]
     n, t = args.n_trajectories, args.turns
-    settings = {"device": args.device, "policy": warm_start.shown(policy), "seeds": args.seeds, "steps": args.steps,
+    settings = {"device": args.device, "policy": warm_policy.shown(policy), "seeds": args.seeds, "steps": args.steps,
                 "train_tasks": ", ".join(sorted(train_ids)), "multi": f"{n} x {t}", "single": f"{n * t} x 1",
                 "kernels_per_step": n * t, "heldout_tasks": ", ".join(sorted(heldout_ids)), "pool": args.pool,
                 "eval_turns": args.eval_turns, "budget": args.budget}

@@ -22,7 +22,7 @@ and the updates blur the memorised kernels (entropy and new kernels rise). Runs 
 --parallel, each on one GPU (round robin over the visible ones); a run whose metrics file is complete is
 not run again, and one that was cut short goes on from its last checkpoint (every 2 steps): after a Ctrl-C, which
 says in one line what is kept, the same command goes on from there. The warm start is
-warm_start.policy's, made once for its settings and cached in .cache/warm_start/. Output in --out-dir:
+warm_policy.policy's, made once for its settings and cached in .cache/warm_start/. Output in --out-dir:
 runs/<multi|single>_seed<k>/ (train.py's metrics, log, model), learning_demo.json (every number, and how many
 new kernels had to be compiled during GRPO) and learning_demo.png (score per step, score per turn).
 """
@@ -58,12 +58,12 @@ def repo_relative(value):
 
 # ---------------------------------------------------------------- commands
 def warm_started(args) -> Path:
-    """--warm-model, else warm_start.policy with the --ws-* settings: made once, then taken from its cache."""
+    """--warm-model, else warm_policy.policy with the --ws-* settings: made once, then taken from its cache."""
     if args.warm_model:
         return Path(args.warm_model)
-    import warm_start
+    from kevin import warm_policy
 
-    return warm_start.policy(args.device, library=Path(args.library), tasks=Path(args.tasks), turns=args.turns,
+    return warm_policy.policy(args.device, library=Path(args.library), tasks=Path(args.tasks), turns=args.turns,
                              epochs=args.ws_epochs, layers=args.ws_layers, hidden=args.ws_hidden, lr=args.ws_lr)
 
 
@@ -227,9 +227,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.library = args.library or str(REPO / "solutions" / "warm_start" / args.device)
     args.tasks = args.tasks or str(REPO / ("solutions/warm_start/tasks" if args.device == "cuda" else "tests/tasks"))
     if args.tasks_per_step is None:
-        import evaluate
+        from kevin.tasks import index_tasks
 
-        args.tasks_per_step = len(evaluate.index_tasks(args.tasks))
+        args.tasks_per_step = len(index_tasks(args.tasks))
     args.parallel = args.parallel or (2 * args.seeds if args.device == "cuda" else 1)
     for flag in ("seeds", "steps", "n_trajectories", "turns", "tasks_per_step", "window", "parallel", "ws_epochs"):
         if getattr(args, flag) < 1:

@@ -59,7 +59,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kevin import batching  # noqa: E402
-import evaluate as ev  # noqa: E402
+from kevin import evaluator as ev
+from kevin.eval_records import library_records
 import reward  # noqa: E402
 import train  # noqa: E402
 from kevin.tiny_model import build_qwen2_05b_shaped, build_tiny_model  # noqa: E402
@@ -437,7 +438,7 @@ def online_part(args, work: Path, watch: GpuWatch, world: int, rows: Checks, rep
 
 
 def eval_records(kernels: list[str], copies: int) -> list[dict]:
-    library = {r["solution"]: r for r in ev.library_records(ROOT / "solutions" / "cuda")}
+    library = {r["solution"]: r for r in library_records(ROOT / "solutions" / "cuda")}
     missing = [k for k in kernels if k not in library]
     if missing:
         raise SystemExit(f"--eval-kernels: no solutions/cuda/{missing[0]}.py")

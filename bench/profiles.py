@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import evaluate as ev  # noqa: E402
+from kevin import evaluator as ev
+from kevin.eval_records import library_records
+from kevin.tasks import index_tasks
 from kevin.eval_records import with_tasks_from  # noqa: E402
 
 PROFILES = ("kevin", "kernelbench")
@@ -56,8 +58,8 @@ def main():
     folders = [Path("solutions") / kind, Path("tests") / "adversarial" / kind]
     tasks = str(ev.ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
     records = with_tasks_from([{**r, "solution": f"{folder}/{r['solution']}"} for folder in folders
-                               for r in ev.library_records(ev.ROOT / folder)],
-                              ev.index_tasks(tasks), ev.ROOT / "tests" / "adversarial" / "tasks")
+                               for r in library_records(ev.ROOT / folder)],
+                              index_tasks(tasks), ev.ROOT / "tests" / "adversarial" / "tasks")
     results = {rules: ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks, rules=rules,
                                                          timing_budget_s=args.timing_budget_s,
                                                          run_timeout_s=args.run_timeout_s)) for rules in PROFILES}

@@ -94,9 +94,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.tasks = args.tasks or str(REPO / ("solutions/warm_start/tasks" if args.device == "cuda" else "tests/tasks"))
     if args.tasks_per_step is None:
         sys.path.insert(0, str(REPO))
-        import evaluate
+        from kevin.tasks import index_tasks
 
-        args.tasks_per_step = len(evaluate.index_tasks(args.tasks))
+        args.tasks_per_step = len(index_tasks(args.tasks))
     for flag in ("steps", "n_trajectories", "turns", "tasks_per_step"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"error: --{flag.replace('_', '-')} must be at least 1")

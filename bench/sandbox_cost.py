@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import eval_throughput  # noqa: E402
-import evaluate as ev  # noqa: E402
+from kevin import evaluator as ev
 
 
 def evaluate_with(records: list[dict], kind: str, tasks_dir: str, sandbox: str) -> dict:

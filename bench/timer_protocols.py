@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import evaluate as ev  # noqa: E402
+from kevin import evaluator as ev
+from kevin.tasks import index_tasks, resolve_task
 from kevin.run_child import KernelLog, flush_buffer, import_file, make_timer  # noqa: E402
 
 TASKS = ["level1/7_ReLU", "level1/9_Swish", "level1/17_Softmax", "level1/20_RMSNorm",
@@ -63,14 +64,14 @@ def main():
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: needs a CUDA GPU")
-    index = ev.index_tasks(ev.ROOT / "tasks")
+    index = index_tasks(ev.ROOT / "tasks")
     rows = []
     names = ["idle", "queued", "timer", "idle+prof", "timer+prof", "timer+cuda"]
     print("| model | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
     models = [(c, f"{Path(c).parent.name}/{Path(c).name.split('.')[0]}") for c in args.candidates] or \
         [(task, task) for task in args.tasks]
     for name, task in models:
-        module = import_file(str(ev.resolve_task(task, index)), "reference_task")
+        module = import_file(str(resolve_task(task, index)), "reference_task")
         torch.manual_seed(42)
         model = module.Model if name == task else import_file(name, "candidate").ModelNew
         reference = model(*module.get_init_inputs()).cuda().eval()

@@ -106,17 +106,21 @@ def main():
         print(json.dumps(clean_times(*args.clean, args.device, args.calls, args.threads)))
         return
 
-    import evaluate as ev
+    from kevin import evaluator as ev
+
+    from kevin.eval_records import library_records
+
+    from kevin.tasks import index_tasks
     from kevin.eval_records import with_tasks_from
 
     kind, gpus = ev.resolve_device(ev.EvalConfig(device=args.device))
     task_folder = str(ROOT / ("tasks" if kind == "cuda" else "tests/tasks"))
-    tasks, threads = ev.index_tasks(task_folder), args.threads or ev.EvalConfig().cpu_threads
+    tasks, threads = index_tasks(task_folder), args.threads or ev.EvalConfig().cpu_threads
     folders = [ROOT / "solutions" / kind] + [Path(f) for f in (args.extra if args.extra is not None
                                                                  else [ROOT / "tests" / "adversarial" / kind])]
     everything, honest = [], []  # the solutions' correct kernels and the tricks' honest twins
     for folder in folders:
-        records = with_tasks_from(ev.library_records(folder), tasks, ROOT / "tests" / "adversarial" / "tasks")
+        records = with_tasks_from(library_records(folder), tasks, ROOT / "tests" / "adversarial" / "tasks")
         everything += records
         honest += [r for r in records if r["solution"].split(".", 1)[1].startswith("correct_")
                    and (folder == folders[0] or "honest-twin" in r["solution"])]

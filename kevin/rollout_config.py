@@ -6,11 +6,12 @@ here are the paper's (Kevin, arXiv 2507.11948).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from kevin.config_flags import check
+from kevin.evaluator import EvalConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 AT_LEAST_1 = ("be at least 1", lambda value: value >= 1)
@@ -51,3 +52,36 @@ class RolloutConfig:
         check(self, {"n_trajectories": AT_LEAST_1, "turns": AT_LEAST_1, "max_tokens": AT_LEAST_1,
                      "context_budget": AT_LEAST_1,
                      "temperature": ("be positive (replies are sampled; the paper's is 0.9)", lambda t: t > 0)})
+
+
+@dataclass
+class GenerateConfig(RolloutConfig):
+    """The rollout settings (kevin/rollout_config.py) and generate.py's own: output, backends, evaluation."""
+    out: str = field(kw_only=True)
+    """output JSONL, one trajectory a line; an existing file is resumed; - for stdout"""
+    tasks_per_batch: int = 8
+    """tasks whose trajectories share the generation and evaluation batches and are written together when done
+    (0: all tasks at once)"""
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    """how replies are generated"""
+    tensor_parallel_size: int = 1
+    """vllm: GPUs one model is split over"""
+    base_url: str = "http://localhost:8000/v1"
+    """openai: endpoint base URL"""
+    api_key_env: str = "OPENAI_API_KEY"
+    """openai: environment variable holding the key"""
+    concurrency: int = 32
+    """openai: requests in flight at once"""
+    retries: int = 5
+    """openai: retries of a request that timed out, lost its connection or got a 429 or 5xx (waiting 1, 2, 4, 8,
+    8... s); a refused connection or another 4xx stops the run at once"""
+    device: Literal["auto", "cuda", "cpu"] = EvalConfig.device
+    """where candidates are evaluated; cpu asks for C++ kernels instead of CUDA; auto: cuda when a GPU is visible"""
+    gpus: list[int] | None = None
+    """comma-separated GPU ids for evaluation (default: all visible)"""
+
+    def __post_init__(self):
+        super().__post_init__()
+        check(self, {"tensor_parallel_size": AT_LEAST_1, "concurrency": AT_LEAST_1, "tasks_per_batch": NOT_NEGATIVE,
+                     "retries": NOT_NEGATIVE,
+                     "gpus": ("be GPU ids like 0,1", lambda gpus: bool(gpus) and min(gpus) >= 0)})

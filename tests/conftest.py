@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import evaluate as ev
+from kevin import evaluator as ev
+
+from kevin.eval_records import library_records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +64,7 @@ def new_build_dir(tmp_path_factory):
     with open(made / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (made / "made").exists():
-            relu = next(r for r in ev.library_records(ROOT / "solutions" / "cpu")
+            relu = next(r for r in library_records(ROOT / "solutions" / "cpu")
                         if r["solution"].endswith("correct_loop"))
             [result] = ev.evaluate([relu], ev.EvalConfig(device="cpu", tasks=str(ROOT / "tests" / "tasks"),
                                                          build_dir=str(made), timing_budget_s=0.0, progress=False))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kevin import build_cache
-import evaluate as ev
+from kevin import evaluator as ev
+from kevin.eval_records import library_records
 from kevin import isolation
 from kevin import sandbox
 
@@ -31,7 +32,7 @@ torch::Tensor relu(torch::Tensor x) {
 
 
 def solution(stem: str, name: str | None = None) -> dict:
-    record = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith(stem))
+    record = next(r for r in library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith(stem))
     return {**record, "code": re.sub(r'name="\w+"', f'name="{name}"', record["code"], count=1)} if name else record
 
 

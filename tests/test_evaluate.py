@@ -22,7 +22,11 @@ import torch
 
 from kevin import build_cache
 from kevin import config_flags
-import evaluate as ev
+import evaluate as cli
+from kevin import evaluator as ev
+from kevin.eval_records import library_records
+from kevin.static_rules import extract_code, kernel_names, static_check
+from kevin.tasks import index_tasks, resolve_task
 from kevin.eval_records import with_tasks_from
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +36,7 @@ CPU = dict(device="cpu", tasks=str(ROOT / "tests" / "tasks"), run_timeout_s=30, 
 def cpu_solution(suffix: str, name: str | None = None) -> dict:
     """The hand-written C++ candidate whose file name ends with `suffix`; with `name`, a copy whose extension
     is called that instead (the same sources, so one build serves both)."""
-    record = next(r for r in ev.library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith(suffix))
+    record = next(r for r in library_records(ROOT / "solutions" / "cpu") if r["solution"].endswith(suffix))
     return {**record, "code": re.sub(r'name="\w+"', f'name="{name}"', record["code"], count=1)} if name else record
 
 
@@ -60,17 +64,17 @@ def expected_status(record: dict) -> str:
 
 def test_extract_code_takes_the_last_python_block():
     reply = "First\n```cpp\nint x;\n```\n```python\nA = 1\n```\nthen\n```python\nclass ModelNew: B = 2\n```\nDone."
-    assert ev.extract_code(reply) == "class ModelNew: B = 2\n"
+    assert extract_code(reply) == "class ModelNew: B = 2\n"
 
 
 def test_extract_code_accepts_untagged_fences_and_raw_source():
-    assert ev.extract_code("```\nclass ModelNew: x = 1\n```") == "class ModelNew: x = 1\n"
-    assert ev.extract_code("import torch\nclass ModelNew: x = 1\n") == "import torch\nclass ModelNew: x = 1\n"
+    assert extract_code("```\nclass ModelNew: x = 1\n```") == "class ModelNew: x = 1\n"
+    assert extract_code("import torch\nclass ModelNew: x = 1\n") == "import torch\nclass ModelNew: x = 1\n"
 
 
 def test_extract_code_finds_nothing_in_prose_or_an_unclosed_fence():
-    assert ev.extract_code("I could not solve it.") is None
-    assert ev.extract_code("```python\nclass ModelNew:\n    x = 1\n") is None
+    assert extract_code("I could not solve it.") is None
+    assert extract_code("```python\nclass ModelNew:\n    x = 1\n") is None
 
 
 # ----------------------------------------------------------------------------------------- static rules
@@ -94,13 +98,13 @@ class ModelNew(nn.Module):
 
 
 def test_a_legitimate_solution_passes_the_static_rules():
-    assert ev.static_check(LEGAL, "cuda") is None
+    assert static_check(LEGAL, "cuda") is None
 
 
 def test_kernel_names_are_read_from_global_functions_in_any_style():
     code = ("__global__ void a(float* x) {}\ntemplate <int N> __global__ void __launch_bounds__(256, 2) b(int n)"
             " {}\n__global__ static void c (int)")
-    assert ev.kernel_names(code) == ["a", "b", "c"]
+    assert kernel_names(code) == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize("change, rule", [
@@ -119,25 +123,25 @@ def test_kernel_names_are_read_from_global_functions_in_any_style():
     (("__global__ void k() {}", "void k() {}"), "[no-kernel]"),
 ])
 def test_each_static_rule_rejects_and_names_itself(change, rule):
-    status, feedback = ev.static_check(LEGAL.replace(*change), "cuda")
+    status, feedback = static_check(LEGAL.replace(*change), "cuda")
     assert status == "rejected"
     assert rule in feedback
 
 
 def test_a_solution_without_load_inline_has_no_native_kernel():
-    status, feedback = ev.static_check("import torch\nclass ModelNew(torch.nn.Module):\n    x = 1\n", "cpu")
+    status, feedback = static_check("import torch\nclass ModelNew(torch.nn.Module):\n    x = 1\n", "cpu")
     assert status == "rejected" and "[no-kernel] no native kernel" in feedback
 
 
 def test_a_syntax_error_is_a_compile_error_and_a_missing_modelnew_a_format_error():
-    assert ev.static_check("class ModelNew(:\n", "cpu")[0] == "compile_error"
-    assert ev.static_check("import torch\nclass Model2: x = 1\n", "cpu")[0] == "format_error"
+    assert static_check("class ModelNew(:\n", "cpu")[0] == "compile_error"
+    assert static_check("import torch\nclass Model2: x = 1\n", "cpu")[0] == "format_error"
 
 
 # -------------------------------------------------------------------------------------------------- tasks
 
 def test_task_ids_are_folder_and_stem():
-    tasks = ev.index_tasks(ROOT / "tasks")
+    tasks = index_tasks(ROOT / "tasks")
     assert "level1/7_ReLU" in tasks and tasks["level1/7_ReLU"].name == "7_ReLU.py"
     assert len(tasks) >= 40
 
@@ -147,13 +151,13 @@ def test_a_kernelbench_style_level_folder_loads_unchanged(tmp_path):
     level.mkdir(parents=True)
     (level / "19_ReLU.py").write_text((ROOT / "tasks/level1/7_ReLU.py").read_text())
     (level / "notes.py").write_text("x = 1\n")  # not a task: no Model / get_inputs
-    assert list(ev.index_tasks(level)) == ["level1/19_ReLU"]
-    assert list(ev.index_tasks(level / "19_ReLU.py")) == ["level1/19_ReLU"]
+    assert list(index_tasks(level)) == ["level1/19_ReLU"]
+    assert list(index_tasks(level / "19_ReLU.py")) == ["level1/19_ReLU"]
 
 
 def test_an_unknown_task_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown task 'level9/nope'"):
-        ev.resolve_task("level9/nope", ev.index_tasks(ROOT / "tasks"))
+        resolve_task("level9/nope", index_tasks(ROOT / "tasks"))
 
 
 # ------------------------------------------------------------------------------------- speedup and CLI
@@ -193,15 +197,15 @@ def test_busy_time_counts_jobs_that_overlap_once():
 
 
 def test_every_config_field_is_a_flag_with_its_docstring_as_help():
-    help_text = " ".join(ev._parser().format_help().split())
+    help_text = " ".join(cli._parser().format_help().split())
     for name, doc in config_flags.field_docs(ev.EvalConfig).items():
         assert doc in help_text, name
-    args = ev._parser().parse_args(["--gpus", "0,2", "--correct-trials", "7", "--no-progress", "--compile-baseline"])
-    cfg = ev._config(args)
+    args = cli._parser().parse_args(["--gpus", "0,2", "--correct-trials", "7", "--no-progress", "--compile-baseline"])
+    cfg = cli._config(args)
     assert (cfg.gpus, cfg.correct_trials, cfg.progress, cfg.compile_baseline) == ([0, 2], 7, False, True)
     on_a_gpu = ev.resolve_device(ev.EvalConfig())[0] == "cuda"  # the CPU's default tasks are the CPU-sized ones
     expected = ev.EvalConfig() if on_a_gpu else ev.EvalConfig(tasks=str(ROOT / "tests" / "tasks"))
-    assert ev._config(ev._parser().parse_args(["in.jsonl"])) == expected
+    assert cli._config(cli._parser().parse_args(["in.jsonl"])) == expected
 
 
 # ------------------------------------------------------------------------- real builds and runs on the CPU
@@ -209,7 +213,7 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help():
 @pytest.fixture(scope="module")
 def cpu_results():
     """Every hand-written C++ candidate plus process-killing variants, evaluated in one batch."""
-    records = ev.library_records(ROOT / "solutions" / "cpu")
+    records = library_records(ROOT / "solutions" / "cpu")
     records += [correct_loop_doing("runtime_error_sys_exit", "import sys; sys.exit(0)"),
                 correct_loop_doing("runtime_error_os_exit", "import os; os._exit(3)"),
                 cpu_solution("correct_loop")]  # an exact duplicate, as a GRPO group produces them
@@ -336,7 +340,7 @@ def test_on_a_loaded_host_cpu_speedups_hold_and_the_reference_cannot_be_slowed(t
     spinning processes one moved 0.76x -> 1.63x, another 0.35x -> 2.85x. The two
     candidates that slowed a reference sharing their process (a process-wide setting; aten::relu's CPU kernel
     replaced) cannot reach the judge's: correct, on their own kernels."""
-    library = ev.library_records(ROOT / "tests" / "adversarial" / "cpu")
+    library = library_records(ROOT / "tests" / "adversarial" / "cpu")
     names = ["level1/9_Swish.correct_honest-twin", "level1/9_Swish.correct_sets-deterministic-mode",
              "level1/7_ReLU.correct_registers-aten-relu"]
     records = [cpu_solution("correct_loop")] + [r for name in names for r in library if r["solution"] == name]
@@ -357,7 +361,7 @@ def test_an_openmp_kernel_beside_other_work_is_rejected_for_its_threads(tmp_path
     long as the others were off a core: beside two niced busy processes the thread that called forward then
     burned what hid the others' CPU time from the [threads] rule, and the OpenMP Swish was judged correct in 2 of
     5 runs. Three copies of it, each timed on its own, all rejected for their threads."""
-    [openmp] = [r for r in ev.library_records(ROOT / "tests" / "adversarial" / "cpu")
+    [openmp] = [r for r in library_records(ROOT / "tests" / "adversarial" / "cpu")
                 if r["solution"] == "level1/9_Swish.rejected_threads"]
     copies = [{**openmp, "code": openmp["code"] + f"\n# copy {n}\n"} for n in range(3)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in copies))
@@ -369,15 +373,15 @@ def test_an_openmp_kernel_beside_other_work_is_rejected_for_its_threads(tmp_path
 
 
 def test_the_cpu_demo_gives_its_hanging_candidate_a_short_run_timeout():
-    demo = ev._config(ev._parser().parse_args(["--device", "cpu"]))
-    assert demo.run_timeout_s == ev.DEMO_RUN_TIMEOUT_S < ev.EvalConfig().run_timeout_s
-    assert ev._config(ev._parser().parse_args(["--device", "cpu", "--run-timeout-s", "90"])).run_timeout_s == 90
+    demo = cli._config(cli._parser().parse_args(["--device", "cpu"]))
+    assert demo.run_timeout_s == cli.DEMO_RUN_TIMEOUT_S < ev.EvalConfig().run_timeout_s
+    assert cli._config(cli._parser().parse_args(["--device", "cpu", "--run-timeout-s", "90"])).run_timeout_s == 90
 
 
 @pytest.fixture(scope="module")
 def cpu_adversarial_results():
-    records = with_tasks_from(ev.library_records(ROOT / "tests" / "adversarial" / "cpu"),
-                              ev.index_tasks(ROOT / "tests" / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
+    records = with_tasks_from(library_records(ROOT / "tests" / "adversarial" / "cpu"),
+                              index_tasks(ROOT / "tests" / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
     return records, ev.evaluate(records, ev.EvalConfig(**CPU))
 
 
@@ -647,7 +651,7 @@ with open({str(runs)!r}, "a") as f:
     f.write("run\\n")
 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 sys.path.insert(0, {str(ROOT)!r})
-import evaluate as ev
+from kevin import evaluator as ev
 if __name__ == "__main__":
     record = {json.dumps(cpu_solution("correct_loop"))}
     print(json.dumps(ev.evaluate([record], ev.EvalConfig(**{config!r}))[0]))
@@ -728,7 +732,7 @@ def kept(name: str, records: list[dict], results: list[dict]) -> tuple[list[dict
 def cuda_results():
     """The spinning kernel holds the GPU for the whole run timeout; 20 s is over six times the 3 s the slowest
     of the others takes to be checked and timed on the H200 (results/solutions_cuda_h200.jsonl, run with it)."""
-    records = ev.library_records(ROOT / "solutions" / "cuda")
+    records = library_records(ROOT / "solutions" / "cuda")
     return kept("solutions_cuda", records,
                 ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=20, progress=False)))
 
@@ -748,8 +752,8 @@ def test_every_cuda_candidate_gets_the_status_its_name_promises(cuda_results):
 def cuda_adversarial_results():
     """The CUDA tricks and their honest twins; a task that tasks/ lacks (a transpose, whose whole work a copy
     can do) is in tests/adversarial/tasks/."""
-    records = with_tasks_from(ev.library_records(ROOT / "tests" / "adversarial" / "cuda"),
-                              ev.index_tasks(ROOT / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
+    records = with_tasks_from(library_records(ROOT / "tests" / "adversarial" / "cuda"),
+                              index_tasks(ROOT / "tasks"), ROOT / "tests" / "adversarial" / "tasks")
     return kept("adversarial_cuda", records,
                 ev.evaluate(records, ev.EvalConfig(device="cuda", run_timeout_s=60, progress=False)))
 
@@ -936,9 +940,9 @@ def test_children_die_with_a_killed_evaluator_even_inside_a_kernel_that_never_re
 
 
 def test_the_summary_of_nothing_says_so_and_none_correct_shows_no_nan():
-    assert ev.summary_table([], []) == "no rows: no candidates were evaluated"
+    assert cli.summary_table([], []) == "no rows: no candidates were evaluated"
     wrong = ev.make_result("incorrect", "Incorrect output.")
-    table = ev.summary_table([wrong], [{"task": "level1/7_ReLU"}])
+    table = cli.summary_table([wrong], [{"task": "level1/7_ReLU"}])
     assert "nan" not in table and "speedup over correct: -" in table
 
 

@@ -16,8 +16,11 @@ import pytest
 import torch
 
 import generate
-from evaluate import STATUSES, EvalConfig
-from generate import EXAMPLE_MODEL, EXAMPLE_SOLUTION, EXAMPLE_SUMMARY, fit_prompt, parse_reply, render_prompt, split_reasoning
+from kevin.evaluator import EvalConfig, STATUSES
+from kevin.prompts import ATTEMPTS_HEADER, EXAMPLE_MODEL, EXAMPLE_SOLUTION, EXAMPLE_SUMMARY, FIRST_REQUEST, NEXT_REQUEST, NO_CODE, fit_prompt, parse_reply, render_prompt, split_reasoning
+from kevin import rollouts
+from kevin.rollout_config import GenerateConfig
+from kevin.tasks import Task, load_tasks
 from test_evaluate import ctrl_c_while_torch_loads, start_for_ctrl_c
 from kevin import config_flags
 from kevin.backends import HFBackend, OpenAIBackend, Reply
@@ -59,7 +62,7 @@ def test_first_turn_prompt_has_rules_example_task_and_no_attempts():
     assert EXAMPLE_SOLUTION["cuda"] in text and EXAMPLE_SUMMARY in text
     assert TASK_SOURCE in text
     assert "previous attempts" not in text
-    assert text.endswith(generate.FIRST_REQUEST)
+    assert text.endswith(FIRST_REQUEST)
 
 
 def test_later_turn_prompt_lists_attempts_with_code_summary_and_feedback_but_no_example_or_reasoning():
@@ -72,13 +75,13 @@ def test_later_turn_prompt_lists_attempts_with_code_summary_and_feedback_but_no_
     assert text.index("CODE_ZERO") < text.index("CODE_ONE")
     assert "REASONING" not in text
     assert EXAMPLE_SOLUTION["cuda"] not in text and EXAMPLE_SUMMARY not in text
-    assert text.endswith(generate.NEXT_REQUEST) and "Restart your reasoning" in text
+    assert text.endswith(NEXT_REQUEST) and "Restart your reasoning" in text
 
 
 def test_attempt_without_code_is_shown_as_such():
     history = [past_turn(1, None, None, "Format error: no block")]
     text = render_prompt(TASK_SOURCE, history, first_turn=False, device="cuda")[0]["content"]
-    assert generate.NO_CODE in text and "Your summary: (none)" in text and "Format error: no block" in text
+    assert NO_CODE in text and "Your summary: (none)" in text and "Format error: no block" in text
 
 
 def test_cpu_prompt_asks_for_cpp_with_cpp_sources_only_and_shows_the_cpu_example():
@@ -306,7 +309,7 @@ class ScriptedBackend:
 
     def generate(self, prompts, seeds):
         self.prompts.extend(prompts)
-        first_turn = generate.ATTEMPTS_HEADER not in prompts[0][0]["content"]
+        first_turn = ATTEMPTS_HEADER not in prompts[0][0]["content"]
         text = (f"<think>SECRET REASONING</think>Here it is:\n```python\n{EXAMPLE_SOLUTION['cpu']}```\n"
                 f"{EXAMPLE_SUMMARY}" if first_turn else "I have nothing better.")
         return [Reply(text, None, None) for _ in prompts]
@@ -522,7 +525,7 @@ WRONG_KERNEL = EXAMPLE_SOLUTION["cpu"].replace("add_ext.add(a.contiguous(), b.co
 
 def seed_of(trajectory: int, turn: int) -> int:
     """The sampling seed of a toy/add trajectory's turn (from 1) at seed 0."""
-    return generate.reply_seed(0, {"task": "toy/add", "trajectory": trajectory, "turns": [None] * (turn - 1)})
+    return rollouts.reply_seed(0, {"task": "toy/add", "trajectory": trajectory, "turns": [None] * (turn - 1)})
 
 
 class OneKernelWriter(HFBackend):
@@ -546,13 +549,13 @@ def both_orders(tmp_path_factory):
     """Two trajectories x two turns of toy/add through run_turns and the real evaluator on the CPU, synchronous
     and overlapped: overlap -> (records, the backend's calls)."""
     path = write_add_task(tmp_path_factory.mktemp("tasks"))
-    task = generate.Task("toy/add", path, path.read_text())
+    task = Task("toy/add", path, path.read_text())
     backend = OneKernelWriter(build_tiny_model(), temperature=0.9, max_tokens=24)
     runs = {}
     for overlap in (False, True):
         backend.calls = []
         records = [{"task": "toy/add", "trajectory": k, "turns": []} for k in range(2)]
-        generate.run_turns(records, [task, task], backend, EvalConfig(device="cpu", spare_children=0, progress=False),
+        rollouts.run_turns(records, [task, task], backend, EvalConfig(device="cpu", spare_children=0, progress=False),
                            turns=2, seed=0, device="cpu", context_budget=16384, overlap=overlap)
         runs[overlap] = records, backend.calls
     return runs
@@ -622,13 +625,13 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
     ever gets, so that argparse breaks none at a hyphen."""
     monkeypatch.setenv("COLUMNS", "1000")
     help_text = " ".join(generate._parser().format_help().split())
-    docs = config_flags.field_docs(generate.GenerateConfig)
-    assert set(docs) == {f.name for f in dataclasses.fields(generate.GenerateConfig)}
+    docs = config_flags.field_docs(GenerateConfig)
+    assert set(docs) == {f.name for f in dataclasses.fields(GenerateConfig)}
     for name, doc in docs.items():
         assert f"--{name.replace('_', '-')}" in help_text and doc in help_text, name
     args = generate.parse_args(["--out", "o", "--gpus", "0,2", "--turns", "8", "--device", "cpu"])
     assert (args.out, args.gpus, args.turns, args.device) == ("o", [0, 2], 8, "cpu")
-    assert generate.parse_args(["--out", "o"]) == generate.GenerateConfig(out="o")
+    assert generate.parse_args(["--out", "o"]) == GenerateConfig(out="o")
 
 
 def run_cli(*argv: str, timeout: int = 60, **kwargs) -> subprocess.CompletedProcess:
@@ -742,5 +745,5 @@ def test_split_help_names_the_splits_of_split_json():
 def test_a_split_name_selects_that_split_of_the_shipped_tasks():
     splits = json.loads((ROOT / "tasks" / "split.json").read_text())
     name = next(iter(splits))
-    assert [t.id for t in generate.load_tasks(name, None)] == splits[name]
-    assert [t.id for t in generate.load_tasks(str(ROOT / "tasks"), name)] == splits[name]
+    assert [t.id for t in load_tasks(name, None)] == splits[name]
+    assert [t.id for t in load_tasks(str(ROOT / "tasks"), name)] == splits[name]

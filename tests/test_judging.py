@@ -12,8 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import evaluate as ev
+from kevin import evaluator as ev
+
+from kevin.eval_records import library_records
+
+from kevin.static_rules import rejection, static_check
 import generate
+from kevin import prompts
 from kevin import judge
 from kevin.backends import Reply
 from kevin.static_rules import RULE_PROFILES
@@ -119,8 +124,8 @@ def cpu_profiles(tmp_path_factory):
     folder = tmp_path_factory.mktemp("judging")
     task = folder / "1_Linear_ReLU.py"
     task.write_text(LINEAR_TASK)
-    library = {r["solution"]: r for r in ev.library_records(ROOT / "tests" / "adversarial" / "cpu")}
-    solutions = {r["solution"]: r for r in ev.library_records(ROOT / "solutions" / "cpu")}
+    library = {r["solution"]: r for r in library_records(ROOT / "tests" / "adversarial" / "cpu")}
+    solutions = {r["solution"]: r for r in library_records(ROOT / "solutions" / "cpu")}
     records = {"keeps_linear": {"task": str(task), "code": KEEPS_LINEAR},
                "falls_back": {"task": str(task), "code": FALLS_BACK},
                "other_init": {"task": str(task), "code": OWN_LINEAR_OTHER_INIT},
@@ -210,13 +215,13 @@ def test_repeats_allow_atomic_jitter_and_catch_a_race_inside_the_tolerance():
 
 def test_kernelbench_static_rules_allow_torch_but_not_fallbacks_threads_or_subclassing():
     base = KEEPS_LINEAR.replace("self.linear(x).contiguous()", "torch.nn.functional.gelu(x)")
-    assert ev.static_check(base, "cpu", "kevin")[0] == "rejected"
-    assert ev.static_check(base, "cpu", "kernelbench") is None
+    assert static_check(base, "cpu", "kevin")[0] == "rejected"
+    assert static_check(base, "cpu", "kernelbench") is None
     skip = "        if x is None:\n            pass\n"
     for change, rule in ((("        return relu_ext", skip + "        return relu_ext"), "[pass]"),
                          (("import torch\n", "import torch\nimport threading\n"), "[threads]"),
                          (("class ModelNew(torch.nn.Module)", "class ModelNew(Model)"), "[subclass-reference]")):
-        status, feedback = ev.static_check(base.replace(*change), "cpu", "kernelbench")
+        status, feedback = static_check(base.replace(*change), "cpu", "kernelbench")
         assert status == "rejected" and rule in feedback and "KernelBench's rules" in feedback, feedback
 
 
@@ -231,12 +236,12 @@ def test_copy_parameters_copies_only_shapes_that_match_once_on_each_side():
 
 
 def test_the_prompt_states_the_rules_that_judge_and_how_parameters_must_be_made():
-    kevin = generate.render_prompt("class Model: pass\n", [], True, "cuda")[0]["content"]
-    kernelbench = generate.render_prompt("class Model: pass\n", [], True, "cpu", "kernelbench")[0]["content"]
+    kevin = prompts.render_prompt("class Model: pass\n", [], True, "cuda")[0]["content"]
+    kernelbench = prompts.render_prompt("class Model: pass\n", [], True, "cpu", "kernelbench")[0]["content"]
     own, theirs = RULE_PROFILES["kevin"].prompt_line, RULE_PROFILES["kernelbench"].prompt_line
     assert own in kevin and theirs not in kevin
     assert theirs in kernelbench and own not in kernelbench
-    assert generate.PARAMETERS_RULE in kevin and generate.PARAMETERS_RULE in kernelbench
+    assert prompts.PARAMETERS_RULE in kevin and prompts.PARAMETERS_RULE in kernelbench
 
 
 def test_generate_passes_its_rules_to_the_evaluator_and_the_prompt(tmp_path):
@@ -278,7 +283,7 @@ def test_a_bad_rules_flag_is_one_clear_line(tmp_path):
 
 
 def test_the_profile_table_names_each_profiles_status_and_rule():
-    kept = ev.make_result("rejected", ev.rejection("kevin", ["[torch-nn-layer] line 9: torch.nn.Linear"]))
+    kept = ev.make_result("rejected", rejection("kevin", ["[torch-nn-layer] line 9: torch.nn.Linear"]))
     verdicts = {"kevin": {"verdict": profiles.verdict(kept)},
                 "kernelbench": {"verdict": profiles.verdict(ev.make_result("correct", "ok"))}}
     report = {"device": "CPU", "rows": [{"candidate": "tests/x.py", **verdicts}]}

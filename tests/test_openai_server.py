@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluate import STATUSES
-from generate import EXAMPLE_MODEL
+from kevin.evaluator import STATUSES
+from kevin.prompts import EXAMPLE_MODEL
 from kevin.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from kevin import config_flags
-from reward import (RewardConfig, add_reward_flags, add_rewards, discounted_returns, drop_zero_advantage_groups,
-                    leave_one_out, normalise, reward_config, turn_score)
+from kevin.rewards import RewardConfig, add_reward_flags, add_rewards, discounted_returns, drop_zero_advantage_groups, leave_one_out, normalise, reward_config, turn_score
 
 ROOT = Path(__file__).resolve().parent.parent
 

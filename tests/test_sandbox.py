@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import evaluate as ev
+from kevin.eval_children import sandbox_mechanisms
 from kevin import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,14 +323,14 @@ def test_the_run_names_the_protections_in_force_in_one_line(separable):
 
 
 def test_strict_runs_here_with_every_mechanism():
-    assert ev.sandbox_mechanisms("strict") == {m: True for m in sandbox.MECHANISMS}
+    assert sandbox_mechanisms("strict") == {m: True for m in sandbox.MECHANISMS}
 
 
 def test_strict_refuses_a_kernel_that_lacks_a_mechanism(monkeypatch):
     """A fake: this machine's kernel has every mechanism, so one is taken away by replacing the probe."""
     monkeypatch.setattr(sandbox, "available", lambda: {"landlock": False, "namespaces": True, "seccomp": True})
     with pytest.raises(SystemExit, match="--sandbox strict, but this kernel lacks landlock"):
-        ev.sandbox_mechanisms("strict")
+        sandbox_mechanisms("strict")
 
 
 def test_a_helper_process_is_killed_at_the_fork_and_dev_shm_is_no_channel_between_candidates(tmp_path, new_build_dir):

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import evaluate
+from kevin.static_rules import static_check
 import warm_start as ws
-from generate import load_tasks, parse_reply
+from kevin import warm_policy
+from kevin.prompts import parse_reply
+from kevin.tasks import load_tasks
 from kevin import config_flags
 from test_evaluate import ctrl_c_while_torch_loads, start_for_ctrl_c
 
@@ -34,13 +36,13 @@ def test_every_library_reply_parses_back_into_its_code_and_summary(device):
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_library_has_every_kind_of_variant_for_every_task_and_breaks_no_static_rule(device):
     variants = ws.load_library(LIBRARIES[device])
-    tasks = {task.id for task in load_tasks(str(ws.DEFAULT_TASKS[device]), None)}
+    tasks = {task.id for task in load_tasks(str(warm_policy.DEFAULT_TASKS[device]), None)}
     for task in {v["task"] for v in variants}:
         assert task in tasks
         statuses = sorted(ws.expected_status(v["variant"]) for v in variants if v["task"] == task)
         assert statuses == ["compile_error", "correct", "correct", "incorrect"], task
     for v in variants:
-        assert evaluate.static_check(v["code"], device) is None, v["variant"]
+        assert static_check(v["code"], device) is None, v["variant"]
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -160,7 +162,7 @@ def test_ctrl_c_saves_the_step_under_way_and_a_rerun_resumes_to_an_uninterrupted
     flags = ["--device", "cpu", "--library", str(short_library(tmp_path / "library")), "--turns", "1", "--layers", "1",
              "--hidden", "64", "--epochs", "2", "--batch-size", "1", "--check-samples", "0", "--save-every", "2"]
     out = tmp_path / "model"
-    checkpoint = out / ws.CHECKPOINT
+    checkpoint = out / warm_policy.CHECKPOINT
     proc = start_for_ctrl_c([sys.executable, str(ROOT / "warm_start.py"), *flags, "--out", str(out)])
     deadline = time.monotonic() + 300
     while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -186,7 +188,7 @@ def test_ctrl_c_saves_the_step_under_way_and_a_rerun_resumes_to_an_uninterrupted
 def test_a_checkpoint_of_other_training_flags_is_a_one_line_error(tmp_path):
     """Resuming it would train on with another schedule or model; the check's and the output's flags may change."""
     saved = ws.parse_args(["--device", "cpu", "--epochs", "3", "--out", str(tmp_path)])
-    torch.save({"flags": ws.training_flags(saved), "losses": [1.0]}, tmp_path / ws.CHECKPOINT)
+    torch.save({"flags": warm_policy.training_flags(saved), "losses": [1.0]}, tmp_path / warm_policy.CHECKPOINT)
     with pytest.raises(SystemExit, match=f"error: --out {tmp_path} holds an interrupted run with --epochs 3; give its"):
         ws.load_checkpoint(ws.parse_args(["--device", "cpu", "--epochs", "4", "--out", str(tmp_path)]))
     same = ws.parse_args(["--device", "cpu", "--epochs", "3", "--check-samples", "2", "--save-every", "9",
@@ -198,11 +200,11 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
     """Defaults that hang on the device are resolved from it; a bad value is a one-line error."""
     monkeypatch.setenv("COLUMNS", "1000")  # no line breaks in the help, at hyphens or elsewhere
     help_text = ws._parser().format_help()
-    for name, doc in config_flags.field_docs(ws.WarmStartConfig).items():
+    for name, doc in config_flags.field_docs(warm_policy.WarmStartConfig).items():
         assert doc in help_text, name
     cfg = ws.parse_args(["--device", "cpu", "--batch-size", "2", "--lr", "1e-3", "--out", "o"])
-    assert cfg == ws.WarmStartConfig(device="cpu", library=LIBRARIES["cpu"], batch_size=2, lr=1e-3, out="o")
-    assert cfg.tasks == ws.DEFAULT_TASKS["cpu"]
+    assert cfg == warm_policy.WarmStartConfig(device="cpu", library=LIBRARIES["cpu"], batch_size=2, lr=1e-3, out="o")
+    assert cfg.tasks == warm_policy.DEFAULT_TASKS["cpu"]
     with pytest.raises(SystemExit, match="^error: --batch-size must be at least 1$"):
         ws.parse_args(["--device", "cpu", "--batch-size", "0", "--out", "o"])
 
@@ -211,8 +213,8 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_held_out_tasks_are_in_no_warm_start_example(device):
     """No library variant names a held-out task, and none is a training task under another name."""
-    held_out = load_tasks(str(ws.HELDOUT_TASKS[device]), None)
-    trained = load_tasks(str(ws.DEFAULT_TASKS[device]), None)
+    held_out = load_tasks(str(warm_policy.HELDOUT_TASKS[device]), None)
+    trained = load_tasks(str(warm_policy.DEFAULT_TASKS[device]), None)
     assert held_out and {t.id for t in held_out}.isdisjoint({v["task"] for v in ws.load_library(LIBRARIES[device])})
     assert {t.source for t in held_out}.isdisjoint({t.source for t in trained})
 
@@ -220,16 +222,16 @@ def test_held_out_tasks_are_in_no_warm_start_example(device):
 def test_the_policy_key_changes_with_a_setting_or_a_library_file_and_with_nothing_else(tmp_path):
     library = tmp_path / "library"
     shutil.copytree(LIBRARIES["cpu"], library)
-    config = ws.WarmStartConfig(device="cpu", library=library, out="a", **ws.POLICY_SETTINGS)
-    key = ws.policy_key(config)
+    config = warm_policy.WarmStartConfig(device="cpu", library=library, out="a", **warm_policy.POLICY_SETTINGS)
+    key = warm_policy.policy_key(config)
     assert key.startswith("cpu-2x128-")
-    assert ws.policy_key(ws.WarmStartConfig(device="cpu", library=library, out="b", check_samples=3,
-                                            **ws.POLICY_SETTINGS)) == key  # where it goes and its check: no matter
-    assert ws.policy_key(ws.WarmStartConfig(device="cpu", library=library, out="a",
-                                            **{**ws.POLICY_SETTINGS, "epochs": 41})) != key
+    assert warm_policy.policy_key(warm_policy.WarmStartConfig(device="cpu", library=library, out="b", check_samples=3,
+                                            **warm_policy.POLICY_SETTINGS)) == key  # where it goes and its check: no matter
+    assert warm_policy.policy_key(warm_policy.WarmStartConfig(device="cpu", library=library, out="a",
+                                            **{**warm_policy.POLICY_SETTINGS, "epochs": 41})) != key
     variant = next(library.rglob("*.py"))
     variant.write_text(variant.read_text() + "\n")
-    assert ws.policy_key(config) != key
+    assert warm_policy.policy_key(config) != key
 
 
 def test_the_policy_is_made_once_then_taken_from_its_cache(tmp_path, monkeypatch):
@@ -244,10 +246,10 @@ def test_the_policy_is_made_once_then_taken_from_its_cache(tmp_path, monkeypatch
     monkeypatch.setattr(ws, "CACHE", tmp_path / "cache")
     monkeypatch.setattr(ws, "SHIPPED", tmp_path / "shipped")  # none shipped
     monkeypatch.setattr(ws, "make_policy", fake_make)
-    first = ws.policy("cpu")
+    first = warm_policy.policy("cpu")
     assert first.parent == tmp_path / "cache" and first.name == made[0]
-    assert ws.policy("cpu") == first and len(made) == 1
-    assert ws.policy("cpu", epochs=2) != first and len(made) == 2  # other settings: another policy
+    assert warm_policy.policy("cpu") == first and len(made) == 1
+    assert warm_policy.policy("cpu", epochs=2) != first and len(made) == 2  # other settings: another policy
 
 
 def test_a_missing_policy_is_made_by_warm_start_py_into_the_cache_and_names_no_folder_of_the_machine(tmp_path,
@@ -258,22 +260,22 @@ def test_a_missing_policy_is_made_by_warm_start_py_into_the_cache_and_names_no_f
     shutil.copy(LIBRARIES["cpu"] / "level1" / "7_ReLU.correct_vectorised.py", library)
     monkeypatch.setattr(ws, "CACHE", tmp_path / "cache")
     settings = {"library": library.parent, "turns": 1, "epochs": 1, "layers": 1, "hidden": 64, "batch_size": 1}
-    made = ws.policy("cpu", **settings)
+    made = warm_policy.policy("cpu", **settings)
     assert made.parent == tmp_path / "cache" and (made / "model.safetensors").exists()
     marker = json.loads((made / "policy.json").read_text())
     assert marker["key"] == made.name and marker["settings"]["tasks"] == "tests/tasks"
     assert not list((tmp_path / "cache").glob("*.partial"))
     stamp = (made / "policy.json").stat().st_mtime_ns
-    assert ws.policy("cpu", **settings) == made and (made / "policy.json").stat().st_mtime_ns == stamp
+    assert warm_policy.policy("cpu", **settings) == made and (made / "policy.json").stat().st_mtime_ns == stamp
 
 
 def test_the_shipped_cpu_policy_is_small_loads_and_is_the_one_the_library_asks_for():
     """A fresh clone's `python train.py` on the CPU starts from it without training a warm start first."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    shipped = ws.SHIPPED / "cpu"
+    shipped = warm_policy.SHIPPED / "cpu"
     assert sum(f.stat().st_size for f in shipped.rglob("*") if f.is_file()) < 5 * 2 ** 20
-    assert ws.policy("cpu") == shipped  # its key is that of the library, tasks and settings of today
+    assert warm_policy.policy("cpu") == shipped  # its key is that of the library, tasks and settings of today
     model = AutoModelForCausalLM.from_pretrained(shipped)
     assert (model.config.num_hidden_layers, model.config.hidden_size) == (2, 128)
     assert AutoTokenizer.from_pretrained(shipped).eos_token == "<|im_end|>"
