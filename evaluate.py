@@ -60,7 +60,7 @@ from kevin.dependencies import require
 require("torch")
 
 
-from kevin.config_flags import add_config_flags, given_flags
+from kevin.config_flags import add_config_flags, config_from, given_flags
 from kevin.eval_records import already_written, library_records, open_output, read_records
 from kevin.evaluator import ROOT, STATUSES, EvalConfig, evaluate, resolve_device
 from kevin.tasks import index_tasks, resolve_task
@@ -119,10 +119,7 @@ def _config(args: argparse.Namespace) -> EvalConfig:
     honest kernel would come back `timeout` for the machine's size. The CPU demo (no input) also takes a run
     timeout that its candidates (each checked in seconds) never reach but its hanging one soon does."""
     given = given_flags(args, EvalConfig)
-    try:
-        cfg = EvalConfig(**given)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    cfg = config_from(args, EvalConfig)
     if "tasks" not in given and resolve_device(cfg)[0] == "cpu":
         cfg.tasks = str(ROOT / "tests" / "tasks")
         print("on the CPU: the CPU-sized tasks in tests/tasks/ (--tasks tasks for the full-size ones)", file=sys.stderr)

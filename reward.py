@@ -36,7 +36,8 @@ import signal
 import sys
 from collections import defaultdict
 
-from kevin.rewards import add_reward_flags, add_rewards, group_key, load_trajectories, reward_config
+from kevin.config_flags import add_config_flags, config_from
+from kevin.rewards import RewardConfig, add_rewards, group_key, load_trajectories
 
 
 # ---------------------------------------------------------------- summary
@@ -65,9 +66,9 @@ def summary_table(trajectories: list[dict], group_by: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("input", help="trajectory JSONL from generate.py, or - for stdin")
-    add_reward_flags(p, leave_out=())
+    add_config_flags(p, RewardConfig)
     args = p.parse_args(argv)
-    config = reward_config(args)
+    config = config_from(args, RewardConfig)
 
     trajectories = add_rewards(load_trajectories(args.input), config)
     for trajectory in trajectories:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from kevin.config_flags import add_config_flags, given_flags, parse_config
+from kevin.config_flags import AT_LEAST_1, add_config_flags, check, config_from, parse_config
 from kevin.startup import freeze_at_exit
 
 ROOT = Path(__file__).resolve().parent
@@ -88,15 +88,11 @@ class ScaleTestConfig:
         """What needs no trajectories: a budget below 1 spends nothing, an allocation of n x T spends n * T = budget
         with T >= 1, and a threshold of 0 would count incorrect trajectories (speedup 0) as fast; what depends on the
         pools or on --live is checked where those are known."""
-        if self.budget < 1:
-            raise ValueError(f"--budget must be >= 1, got {self.budget}")
-        if any(t < 1 for t in self.turns):
-            raise ValueError(f"--turns must each be >= 1, got {self.turns}")
+        check(self, {"budget": AT_LEAST_1, "turns": ("each be at least 1", lambda turns: min(turns) >= 1),
+                     "thresholds": ("each be positive", lambda thresholds: min(thresholds) > 0)})
         for t in self.turns:
             if self.budget % t:
                 raise ValueError(f"--budget {self.budget} is not divisible by a turn count of {t}")
-        if any(t <= 0 for t in self.thresholds):
-            raise ValueError(f"--thresholds must be > 0, got {self.thresholds}")
 
 
 # ---------------------------------------------------------------- metrics
@@ -380,10 +376,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    try:
-        cfg = ScaleTestConfig(**given_flags(args, ScaleTestConfig))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    cfg = config_from(args, ScaleTestConfig)
     if cfg.out_json and cfg.out_json.is_dir():
         raise SystemExit(f"error: --out-json {cfg.out_json} is a folder; give a file, e.g. "
                          f"{cfg.out_json / 'scale.json'}")

@@ -101,9 +101,9 @@ from kevin import rewards
 from kevin import learning_curves
 from kevin.batching import Sample, collate, put_logprob_head, reply_logprobs
 from kevin.backends import HFBackend, check_model, check_vllm
-from kevin.config_flags import add_config_flags, check, given_flags
+from kevin.config_flags import AT_LEAST_1, NOT_NEGATIVE, POSITIVE, add_config_flags, check, config_from
 from kevin.evaluator import EvalConfig
-from kevin.rollout_config import AT_LEAST_1, NOT_NEGATIVE, RolloutConfig
+from kevin.rollout_config import RolloutConfig
 from kevin.rollouts import run_turns
 from kevin.tasks import Task, load_tasks
 from kevin.tiny_model import build_tiny_model
@@ -350,7 +350,7 @@ def push_policy(run, when: str) -> list[dict] | None:
 
 
 # ---------------------------------------------------------------- checks before anything loads
-def check_inputs(args: argparse.Namespace) -> None:
+def check_inputs(args: TrainConfig) -> None:
     """One-line errors before anything is loaded. Then the output folder is locked (by the first process, for the
     run's life), so that what it holds is this run's to judge: a fresh run into the output of a previous one is
     refused (the old checkpoints would outlive the new metrics, and a later --resume would mix the two runs), and so
@@ -471,15 +471,16 @@ class TrainConfig(RolloutConfig):
     """delete a previous run's checkpoints, final model and metrics in --output-dir first"""
     report_to: Literal["none", "tensorboard", "wandb", "all"] = "none"
     """also send metrics to these trackers"""
+    reward: rewards.RewardConfig = field(default_factory=rewards.RewardConfig)
+    """how kernels are scored and turns credited: reward.py's flags (all but --eps), the same defaults"""
 
     def __post_init__(self):
         """The rollout checks, then training's; None (a size the machine decides) is checked once filled in."""
         super().__post_init__()
-        positive = ("be positive", lambda value: value > 0)
         check(self, {**dict.fromkeys(("tasks_per_step", "updates_per_batch", "micro_batch_size", "save_every",
                                       "logprob_chunk", "steps"), AT_LEAST_1),
                      **dict.fromkeys(("eps_low", "eps_high", "beta", "lr", "warmup_ratio", "lora_rank"), NOT_NEGATIVE),
-                     "max_grad_norm": positive, "is_cap": positive})
+                     "max_grad_norm": POSITIVE, "is_cap": POSITIVE})
         if self.resume and self.overwrite:
             raise ValueError("--resume continues the previous run and --overwrite deletes it: pass one")
 
@@ -510,20 +511,17 @@ def filled_in(config: TrainConfig) -> TrainConfig:
     return replace(config, **unset, log=config.log or str(Path(config.output_dir) / "metrics.jsonl"))
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """TrainConfig from the flags given, filled in for this machine, beside reward.py's flags and the RewardConfig
-    they ask for (`reward`): one namespace, which the rest of the file reads as `args`. A bad value is a one-line
-    error."""
+def parse_args(argv=None) -> TrainConfig:
+    """TrainConfig from the flags given (reward.py's among them, as its `reward`), filled in for this machine. A bad
+    value is a one-line error."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_config_flags(p, TrainConfig)
-    rewards.add_reward_flags(p)  # reward.py's flags and defaults
+    add_config_flags(p, TrainConfig, leave_out=("eps",))  # eps, a numerical guard rather than a choice, is reward.py's
     with contextlib.redirect_stderr(sys.stderr if first_process() else io.StringIO()):  # argparse's error, once
         args = p.parse_args(argv)
     try:
-        config = filled_in(TrainConfig(**given_flags(args, TrainConfig)))
-    except ValueError as e:
+        return filled_in(config_from(args, TrainConfig))
+    except ValueError as e:  # a size filled in for this machine
         raise SystemExit(f"error: {e}") from None
-    return argparse.Namespace(**{**vars(args), **vars(config)}, reward=rewards.reward_config(args))
 
 
 # ---------------------------------------------------------------- setup
@@ -547,7 +545,7 @@ class Run:
     first_words: Counter = field(default_factory=Counter)  # of every reply so far: the junk signal's reference
 
 
-def offline_plan(args: argparse.Namespace, world: int) -> tuple[list[list[list[dict]]], int]:
+def offline_plan(args: TrainConfig, world: int) -> tuple[list[list[list[dict]]], int]:
     """The --rollouts file cut into steps, and the most turn-samples one rank gets in a step. Its advantages are
     made here with this run's reward flags, unless reward.py made them: then with the same settings, or the run is
     refused (flags that changed nothing would be worse)."""
@@ -575,7 +573,7 @@ def offline_plan(args: argparse.Namespace, world: int) -> tuple[list[list[list[d
     return plan, per_rank
 
 
-def online_tasks(args: argparse.Namespace, world: int) -> tuple[dict[str, Task], int]:
+def online_tasks(args: TrainConfig, world: int) -> tuple[dict[str, Task], int]:
     """The tasks to roll out on, and the turn-samples one rank rolls out in a step."""
     tasks = {task.id: task for task in load_tasks(args.tasks, args.split)}
     if args.tasks_per_step % world:
@@ -586,7 +584,7 @@ def online_tasks(args: argparse.Namespace, world: int) -> tuple[dict[str, Task],
     return tasks, args.tasks_per_step // world * args.n_trajectories * args.turns
 
 
-def setup(args: argparse.Namespace) -> Run:
+def setup(args: TrainConfig) -> Run:
     """Processes, the step plan, the policy and its optimizer, the reference model, the vLLM engine."""
     on_gpu = torch.cuda.is_available()
     # A rank waits at the next collective while the slowest rank's kernels are being evaluated.
@@ -633,7 +631,7 @@ def setup(args: argparse.Namespace) -> Run:
                Path(args.output_dir), Path(args.log))
 
 
-def stop_if_finished(args: argparse.Namespace, steps: int, main_process: bool) -> None:
+def stop_if_finished(args: TrainConfig, steps: int, main_process: bool) -> None:
     """--resume of a run that has done its steps and saved its final model: one line, nothing touched, exit status
     0 (a script that resumes until done may call it again)."""
     output_dir = Path(args.output_dir)
@@ -646,7 +644,7 @@ def stop_if_finished(args: argparse.Namespace, steps: int, main_process: bool) -
         raise SystemExit(0)
 
 
-def resume(args: argparse.Namespace, run: Run) -> int:
+def resume(args: TrainConfig, run: Run) -> int:
     """The steps done (and run.first_words) from the last checkpoint with --resume, else 0; the metrics log is cut
     back to the steps done. A fresh run's log is made by its first step's line: a run stopped before it leaves
     nothing that a re-run would take for a previous run."""
@@ -688,7 +686,7 @@ class Rollouts:
     seconds: dict[str, float]  # generating, building and checking kernels (generate.run_turns); offline none
 
 
-def step_rollouts(args: argparse.Namespace, run: Run, step: int) -> Rollouts:
+def step_rollouts(args: TrainConfig, run: Run, step: int) -> Rollouts:
     """This rank's share of the step: its tasks rolled out with the policy and rewarded, or its part of the file."""
     world, rank = run.accelerator.num_processes, run.accelerator.process_index
     if run.plan is not None:
@@ -724,7 +722,7 @@ class Update:
     memory: dict[str, float]  # the GPU's, by kind (kevin/training.py: UpdateMemory); empty on the CPU
 
 
-def samples_to_train_on(args: argparse.Namespace, rollouts: Rollouts) -> tuple[list[Sample], int, int]:
+def samples_to_train_on(args: TrainConfig, rollouts: Rollouts) -> tuple[list[Sample], int, int]:
     """(this rank's turn-samples, those of the whole step that count in the loss's normaliser, the samples this
     rank dropped): --filter-zero-std drops groups without advantage, --mask-truncated keeps truncated replies in
     the normaliser but out of the loss."""
@@ -738,7 +736,7 @@ def samples_to_train_on(args: argparse.Namespace, rollouts: Rollouts) -> tuple[l
     return turn_samples(trajectories), counted, dropped
 
 
-def update(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts) -> Update:
+def update(args: TrainConfig, run: Run, step: int, rollouts: Rollouts) -> Update:
     """--updates-per-batch gradient steps on the rollouts."""
     accelerator, model = run.accelerator, run.model
     memory = UpdateMemory(accelerator.device)
@@ -776,7 +774,7 @@ def update(args: argparse.Namespace, run: Run, step: int, rollouts: Rollouts) ->
     return Update(totals, grad_norms, lr, memory.report(model, run.optimizer))
 
 
-def micro_batch_loss(args: argparse.Namespace, run: Run, chunk: list[Sample], constant: float):
+def micro_batch_loss(args: TrainConfig, run: Run, chunk: list[Sample], constant: float):
     """(loss, its statistics: STEP_TOTALS but the last, in that order) of one micro-batch. Samples without sampling
     log-probs, and with --is-correction all, keep the trainer's log-probs of this first pass, so later updates
     see the pre-update policy as old."""
@@ -805,7 +803,7 @@ class Step:
     sync: list[dict] | None  # with vLLM: each rank's engine checked against the policy after the push
 
 
-def log_step(args: argparse.Namespace, run: Run, step: Step) -> dict:
+def log_step(args: TrainConfig, run: Run, step: Step) -> dict:
     """The step's metrics over all ranks, sent to the trackers and appended to the metrics log (GPU memory:
     the main process's)."""
     accelerator, world = run.accelerator, run.accelerator.num_processes
@@ -883,10 +881,10 @@ def main(argv=None) -> None:
         raise SystemExit(130) from None
 
 
-def train(args: argparse.Namespace, run: Run, start: int) -> None:
+def train(args: TrainConfig, run: Run, start: int) -> None:
     """The steps after `start`, each logged and every --save-every checkpointed, then the final model."""
     run.accelerator.init_trackers("kevin-grpo", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
-                                                         for k, v in vars(args).items()})
+                                                         for k, v in asdict(args).items()})
     bar = tqdm(range(start, run.steps), initial=start, total=run.steps, desc="train", unit="step",
                disable=not run.accelerator.is_main_process, file=sys.stderr)
     try:
@@ -911,7 +909,7 @@ def train(args: argparse.Namespace, run: Run, start: int) -> None:
     run.accelerator.end_training()
 
 
-def report(args: argparse.Namespace, run: Run) -> None:
+def report(args: TrainConfig, run: Run) -> None:
     """The run's reward curve as a table and beside the metrics log as a plot, and where everything is."""
     logged = [json.loads(line) for line in run.log_path.read_text().splitlines()]
     print(summary_table(logged))
@@ -921,7 +919,7 @@ def report(args: argparse.Namespace, run: Run) -> None:
     print(f"metrics: {run.log_path}   curve: {curve}   model: {run.output_dir / 'final'}")
 
 
-def interrupted(args: argparse.Namespace, run: Run) -> str:
+def interrupted(args: TrainConfig, run: Run) -> str:
     """What a stopped run keeps (the steps logged; the model and optimizer at the latest checkpoint) and how to go
     on: --resume from that checkpoint, else afresh."""
     logged = logged_steps(run.log_path)

@@ -50,10 +50,14 @@ def _flag_type(annotation: str) -> tuple[type, tuple | None]:
 def add_config_flags(parser: argparse.ArgumentParser, cls, leave_out: tuple[str, ...] = ()) -> None:
     """`--field-name VALUE` per field (`--flag` / `--no-flag` for a bool, after its default, both for a `bool | None`;
     the choices of a Literal; comma-separated lists; required for a field without a default), default None; the
-    fields in `leave_out` keep their default, for a stage that shares only part of a config."""
+    fields in `leave_out` keep their default, for a stage that shares only part of a config. A field whose default is a
+    config of its own (train.py's `reward`) gets that config's flags, under their own names."""
     docs = field_docs(cls)
     for f in fields(cls):
         if f.name in leave_out:
+            continue
+        if is_dataclass(f.default_factory):
+            add_config_flags(parser, f.default_factory, leave_out)
             continue
         flag = "--" + f.name.replace("_", "-")
         doc = docs[f.name].replace("%", "%%")  # argparse %-formats help; a docstring's % is literal
@@ -74,17 +78,40 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, leave_out: tuple[str,
 
 
 def given_flags(args: argparse.Namespace, cls) -> dict:
-    """The fields whose flags were given on the command line (a field left without a flag never is)."""
-    return {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}
+    """The fields whose flags were given on the command line (a field left without a flag never is), and each nested
+    config made of its own."""
+    given = {}
+    for f in fields(cls):
+        if is_dataclass(f.default_factory):
+            given[f.name] = f.default_factory(**given_flags(args, f.default_factory))
+        elif getattr(args, f.name, None) is not None:
+            given[f.name] = getattr(args, f.name)
+    return given
+
+
+def config_from(args: argparse.Namespace, cls):
+    """`cls` made of the flags given over its defaults; a bad value (the ValueError of its checks) is a one-line
+    `error: ...` exit. Every stage's config is made here."""
+    try:
+        return cls(**given_flags(args, cls))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def parse_config(parser: argparse.ArgumentParser, cls, argv=None):
-    """`cls` made of the flags given on the command line over its defaults; a bad value (the ValueError of its
-    checks) is a one-line `error: ...` exit."""
-    try:
-        return cls(**given_flags(parser.parse_args(argv), cls))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    """`cls` made of the flags given on the command line (`config_from`)."""
+    return config_from(parser.parse_args(argv), cls)
+
+
+# Rules for `check`: (the rule in words, a predicate).
+AT_LEAST_1 = ("be at least 1", lambda value: value >= 1)
+NOT_NEGATIVE = ("not be negative", lambda value: value >= 0)
+POSITIVE = ("be positive", lambda value: value > 0)
+SHARE = ("be between 0 and 1", lambda value: 0 <= value <= 1)
+
+
+def one_of(*choices) -> tuple[str, object]:
+    return f"be one of {', '.join(map(str, choices))}", lambda value: value in choices
 
 
 def check(config, rules: dict[str, tuple[str, object]]) -> None:

@@ -31,6 +31,7 @@ import torch
 
 from kevin import sandbox
 from kevin.build_cache import BuildCache, compile_extension
+from kevin.config_flags import AT_LEAST_1, NOT_NEGATIVE, POSITIVE, SHARE, check, one_of
 from kevin.eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
 from kevin.isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
                              start_fork_server, stop_child, stop_child_later, stop_every_child)
@@ -125,31 +126,17 @@ class EvalConfig:
     def __post_init__(self):
         """Every value checked once, here: a trial count of 0 would skip the check it counts (a wrong kernel
         "correct") or leave nothing to time; the first bad value is the error."""
-        rules = [("device", "cuda, cpu or auto", self.device in ("cuda", "cpu", "auto")),
-                 ("gpus", "a non-empty list of GPU indices", self.gpus is None or (
-                     bool(self.gpus) and all(isinstance(g, int) and g >= 0 for g in self.gpus))),
-                 ("correct_trials", "at least 1", self.correct_trials >= 1),
-                 ("atol", "at least 0", self.atol is None or self.atol >= 0),
-                 ("rtol", "at least 0", self.rtol is None or self.rtol >= 0),
-                 ("timing_trials", "at least 1", self.timing_trials >= 1),
-                 ("timing_budget_s", "at least 0", self.timing_budget_s >= 0),
-                 ("warmup", "at least 0", self.warmup >= 0),
-                 ("cpu_threads", "at least 1", self.cpu_threads >= 1),
-                 ("min_own_kernel_share", "between 0 and 1", 0 <= self.min_own_kernel_share <= 1),
-                 ("poison_bytes", "at least 0", self.poison_bytes >= 0),
-                 ("compile_workers", "at least 1", self.compile_workers >= 1),
-                 ("spare_children", "at least 0", self.spare_children >= 0),
-                 ("compile_timeout_s", "more than 0", self.compile_timeout_s > 0),
-                 ("run_timeout_s", "more than 0", self.run_timeout_s > 0),
-                 ("sandbox", "off, auto or strict", self.sandbox in ("off", "auto", "strict")),
-                 ("max_copy_share", "between 0 and 1", 0 <= self.max_copy_share <= 1),
-                 ("max_reference_slowdown", "at least 1", self.max_reference_slowdown >= 1),
-                 ("rules", "kevin or kernelbench", self.rules in RULE_PROFILES),
-                 ("repeat_runs", "at least 1", self.repeat_runs >= 1),
-                 ("repeat_tolerance", "at least 0", self.repeat_tolerance >= 0)]
-        for name, rule, ok in rules:
-            if not ok:
-                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be {rule}, not {getattr(self, name)!r}")
+        check(self, {"device": one_of("cuda", "cpu", "auto"), "sandbox": one_of("off", "auto", "strict"),
+                     "rules": one_of(*RULE_PROFILES),
+                     "gpus": ("be GPU ids like 0,1", lambda gpus: bool(gpus) and all(
+                         isinstance(g, int) and g >= 0 for g in gpus)),
+                     **dict.fromkeys(("correct_trials", "timing_trials", "cpu_threads", "compile_workers",
+                                      "repeat_runs"), AT_LEAST_1),
+                     **dict.fromkeys(("atol", "rtol", "timing_budget_s", "warmup", "poison_bytes", "spare_children",
+                                      "repeat_tolerance"), NOT_NEGATIVE),
+                     "compile_timeout_s": POSITIVE, "run_timeout_s": POSITIVE,
+                     "min_own_kernel_share": SHARE, "max_copy_share": SHARE,
+                     "max_reference_slowdown": ("be at least 1", lambda value: value >= 1)})
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 scores, discounted returns, advantages within a group, and the trajectory files they read."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -10,7 +9,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Iterable, Literal
 
-from kevin.config_flags import add_config_flags, given_flags
+from kevin.config_flags import POSITIVE, SHARE, check, one_of
 
 RETURN_MODES = ("sum", "max")
 GROUP_BY = ("task", "task-turn", "trajectory")
@@ -39,10 +38,8 @@ class RewardConfig:
     def __post_init__(self):
         """A discount outside [0, 1] would let later turns outweigh earlier ones (or flip their sign), and a
         zero eps would divide by zero."""
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"--gamma must be in [0, 1], got {self.gamma}")
-        if self.eps <= 0:
-            raise ValueError(f"--eps must be > 0, got {self.eps}")
+        check(self, {"gamma": SHARE, "eps": POSITIVE, "return_mode": one_of(*RETURN_MODES),
+                     "group_by": one_of(*GROUP_BY)})
 
 
 # ---------------------------------------------------------------- math
@@ -201,18 +198,3 @@ def load_trajectories(path: str) -> list[dict]:
             return read_trajectories(f, path)
     except OSError as err:
         raise SystemExit(f"error: cannot read {path}: {err.strerror}") from None
-
-
-def add_reward_flags(p: argparse.ArgumentParser, leave_out: tuple[str, ...] = ("eps",)) -> None:
-    """One flag per RewardConfig field, default None so that RewardConfig's defaults stay the only ones; eps,
-    a numerical guard rather than a choice of reward, is reward.py's alone."""
-    add_config_flags(p, RewardConfig, leave_out)
-
-
-def reward_config(args: argparse.Namespace) -> RewardConfig:
-    """The config that the flags of `add_reward_flags` ask for, over RewardConfig's defaults; a bad value stops
-    the run with a one-line error."""
-    try:
-        return RewardConfig(**given_flags(args, RewardConfig))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None

@@ -10,12 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kevin.config_flags import check
+from kevin.config_flags import AT_LEAST_1, NOT_NEGATIVE, check
 from kevin.evaluator import EvalConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-AT_LEAST_1 = ("be at least 1", lambda value: value >= 1)
-NOT_NEGATIVE = ("not be negative", lambda value: value >= 0)
 
 
 @dataclass

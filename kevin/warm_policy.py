@@ -17,6 +17,8 @@ from typing import Literal
 
 import torch
 
+from kevin.config_flags import AT_LEAST_1, NOT_NEGATIVE, POSITIVE, check, one_of
+
 
 REPO = Path(__file__).resolve().parents[1]
 LIBRARY = REPO / "solutions" / "warm_start"
@@ -86,20 +88,13 @@ class WarmStartConfig:
         """The defaults that hang on the device resolved, then every value checked, here once: whatever builds a
         config gets a complete one or the first bad value as a ValueError."""
         self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device not in DEFAULT_TASKS:
-            raise ValueError(f"--device must be cuda or cpu, not {self.device!r}")
+        check(self, {"device": one_of(*DEFAULT_TASKS)})
         self.library = Path(self.library or LIBRARY / self.device)
         self.tasks = Path(self.tasks or DEFAULT_TASKS[self.device])
-        for name in ("turns", "paths", "layers", "hidden", "epochs", "batch_size", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.hidden % 64:
-            raise ValueError(f"--hidden must be a multiple of 64 (heads of 64), got {self.hidden}")
-        if self.lr <= 0 or self.temperature <= 0 or self.check_samples < 0:
-            raise ValueError("--lr and --temperature must be positive, --check-samples not negative")
-        for name in ("library", "tasks"):
-            if not getattr(self, name).is_dir():
-                raise ValueError(f"--{name} {getattr(self, name)}: not a folder")
+        check(self, {**dict.fromkeys(("turns", "paths", "layers", "epochs", "batch_size", "save_every"), AT_LEAST_1),
+                     "hidden": ("be a multiple of 64 (heads of 64)", lambda hidden: hidden >= 64 and hidden % 64 == 0),
+                     "lr": POSITIVE, "temperature": POSITIVE, "check_samples": NOT_NEGATIVE,
+                     **dict.fromkeys(("library", "tasks"), ("be a folder", Path.is_dir))})
 
 
 def training_flags(args: WarmStartConfig) -> dict:

@@ -472,10 +472,10 @@ def test_cli_device_cuda_without_a_gpu_says_no_gpu_is_visible(tmp_path):
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--correct-trials", "0", "correct_trials (--correct-trials) must be at least 1, not 0"),
-    ("--timing-trials", "0", "timing_trials (--timing-trials) must be at least 1, not 0"),
-    ("--atol", "-1", "atol (--atol) must be at least 0, not -1.0"),
-    ("--run-timeout-s", "0", "run_timeout_s (--run-timeout-s) must be more than 0, not 0.0"),
+    ("--correct-trials", "0", "--correct-trials must be at least 1, got 0"),
+    ("--timing-trials", "0", "--timing-trials must be at least 1, got 0"),
+    ("--atol", "-1", "--atol must not be negative, got -1.0"),
+    ("--run-timeout-s", "0", "--run-timeout-s must be positive, got 0.0"),
 ])
 def test_cli_refuses_a_setting_that_would_skip_a_check_in_one_line(tmp_path, flag, value, message):
     (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kevin import config_flags
-from kevin.rewards import RewardConfig, add_reward_flags, add_rewards, discounted_returns, drop_zero_advantage_groups, leave_one_out, normalise, reward_config, turn_score
+from kevin.rewards import RewardConfig, add_rewards, discounted_returns, drop_zero_advantage_groups, leave_one_out, normalise, turn_score
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -274,15 +274,15 @@ def test_cli_help_lists_every_flag():
 def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     """reward.py's flags, of which train.py shares all but --eps; a flag not given keeps RewardConfig's default."""
     p = argparse.ArgumentParser()
-    add_reward_flags(p, leave_out=())
+    config_flags.add_config_flags(p, RewardConfig)
     help_text = " ".join(p.format_help().split())
     for name, doc in config_flags.field_docs(RewardConfig).items():
         assert doc in help_text, name
-    assert reward_config(p.parse_args([])) == RewardConfig()
-    given = reward_config(p.parse_args(["--gamma", "0.8", "--baseline", "leave-one-out", "--eps", "0.1"]))
+    assert config_flags.parse_config(p, RewardConfig, []) == RewardConfig()
+    given = config_flags.parse_config(p, RewardConfig, ["--gamma", "0.8", "--baseline", "leave-one-out", "--eps", "0.1"])
     assert given == RewardConfig(gamma=0.8, baseline="leave-one-out", eps=0.1)
-    with pytest.raises(SystemExit, match=r"^error: --gamma must be in \[0, 1\], got 1.5$"):
-        reward_config(p.parse_args(["--gamma", "1.5"]))
+    with pytest.raises(SystemExit, match=r"^error: --gamma must be between 0 and 1, got 1.5$"):
+        config_flags.parse_config(p, RewardConfig, ["--gamma", "1.5"])
     shared = argparse.ArgumentParser()
-    add_reward_flags(shared)
-    assert "--eps" not in shared.format_help() and reward_config(shared.parse_args([])) == RewardConfig()
+    config_flags.add_config_flags(shared, RewardConfig, leave_out=("eps",))
+    assert "--eps" not in shared.format_help() and config_flags.parse_config(shared, RewardConfig, []) == RewardConfig()

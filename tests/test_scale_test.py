@@ -274,8 +274,8 @@ def test_an_output_of_the_wrong_kind_is_refused_in_one_line_before_any_work(tmp_
 @pytest.mark.parametrize("flags, message", [
     (["--budget", "64"], "error: --budget 64 with --turns 2,1: no allocation fits the files, whose smallest pool has "
                          "4 trajectories of up to 2 turns; lower --budget"),
-    (["--turns", "0"], "error: --turns must each be >= 1, got [0]"),
-    (["--turns", "2,-1"], "error: --turns must each be >= 1, got [2, -1]"),
+    (["--turns", "0"], "error: --turns must each be at least 1, got [0]"),
+    (["--turns", "2,-1"], "error: --turns must each be at least 1, got [2, -1]"),
     (["--budget", "5", "--turns", "2"], "error: --budget 5 is not divisible by a turn count of 2"),
 ])
 def test_flags_no_allocation_can_serve_are_a_one_line_error(tmp_path, flags, message):

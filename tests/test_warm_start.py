@@ -205,7 +205,7 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
     cfg = ws.parse_args(["--device", "cpu", "--batch-size", "2", "--lr", "1e-3", "--out", "o"])
     assert cfg == warm_policy.WarmStartConfig(device="cpu", library=LIBRARIES["cpu"], batch_size=2, lr=1e-3, out="o")
     assert cfg.tasks == warm_policy.DEFAULT_TASKS["cpu"]
-    with pytest.raises(SystemExit, match="^error: --batch-size must be at least 1$"):
+    with pytest.raises(SystemExit, match="^error: --batch-size must be at least 1, got 0$"):
         ws.parse_args(["--device", "cpu", "--batch-size", "0", "--out", "o"])
 
 
@@ -243,9 +243,9 @@ def test_the_policy_is_made_once_then_taken_from_its_cache(tmp_path, monkeypatch
         (folder / "config.json").write_text("{}")
         (folder / "policy.json").write_text(json.dumps({"key": key}))
 
-    monkeypatch.setattr(ws, "CACHE", tmp_path / "cache")
-    monkeypatch.setattr(ws, "SHIPPED", tmp_path / "shipped")  # none shipped
-    monkeypatch.setattr(ws, "make_policy", fake_make)
+    monkeypatch.setattr(warm_policy, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(warm_policy, "SHIPPED", tmp_path / "shipped")  # none shipped
+    monkeypatch.setattr(warm_policy, "make_policy", fake_make)
     first = warm_policy.policy("cpu")
     assert first.parent == tmp_path / "cache" and first.name == made[0]
     assert warm_policy.policy("cpu") == first and len(made) == 1
@@ -258,7 +258,7 @@ def test_a_missing_policy_is_made_by_warm_start_py_into_the_cache_and_names_no_f
     library = tmp_path / "library" / "level1"
     library.mkdir(parents=True)
     shutil.copy(LIBRARIES["cpu"] / "level1" / "7_ReLU.correct_vectorised.py", library)
-    monkeypatch.setattr(ws, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(warm_policy, "CACHE", tmp_path / "cache")
     settings = {"library": library.parent, "turns": 1, "epochs": 1, "layers": 1, "hidden": 64, "batch_size": 1}
     made = warm_policy.policy("cpu", **settings)
     assert made.parent == tmp_path / "cache" and (made / "model.safetensors").exists()
