@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("input", nargs="?", help="JSONL of candidates (`task`, `code`); `-` for stdin; "
                    "default: the hand-written candidates in solutions/<device>/")
-    p.add_argument("-o", "--output", help="append results here (resuming a run) instead of stdout; one run at a "
+    p.add_argument("-o", "--out", help="append results here (resuming a run) instead of stdout; one run at a "
                    "time writes a file")
     add_config_flags(p, EvalConfig)
     return p
@@ -155,10 +155,10 @@ def main(argv=None):
     _, records = _input_records(args.input, cfg)
     # The demo prints only its table unless asked to keep the records; a pipeline gets them on stdout. OUT is
     # locked before it is read: what it holds is this run's to go on from.
-    out = open_output(args.output) if args.output else open(os.devnull, "w") if args.input is None else sys.stdout
-    done = already_written(args.output, records) if args.output else 0
+    out = open_output(args.out) if args.out else open(os.devnull, "w") if args.input is None else sys.stdout
+    done = already_written(args.out, records) if args.out else 0
     if done:
-        print(f"resuming: {done} of {len(records)} already in {args.output}", file=sys.stderr)
+        print(f"resuming: {done} of {len(records)} already in {args.out}", file=sys.stderr)
     pending, written = {}, []
 
     def write_in_order(i: int, result: dict):

@@ -27,8 +27,8 @@ do it. Live, each task's beam runs on its own (its `width` trajectories share on
 with generate.py's `run_turns` (one turn) as the step; a copy gets its own sampling seed from its new position.
 
 Run:
-  python scale_test.py runs/eval.jsonl --budget 16 --out-json runs/scale.json --plot-dir runs/scale
-  python scale_test.py --live --budget 128 --out-json runs/scale.json \\
+  python scale_test.py runs/eval.jsonl --budget 16 --out runs/scale.json --plot-dir runs/scale
+  python scale_test.py --live --budget 128 --out runs/scale.json \\
       --generate-args "--backend vllm --model Qwen/QwQ-32B --tasks tasks/level1"
 
 Plots need matplotlib (optional: pip install matplotlib).
@@ -79,7 +79,7 @@ class ScaleTestConfig:
     """live beam search: trajectories kept alive (turns = budget / width)"""
     beam_keep: int = 4
     """live beam search: best trajectories kept after each turn"""
-    out_json: Path | None = None
+    out: Path | None = None
     """write every number here as JSON"""
     plot_dir: Path | None = None
     """write PNG curves here (needs matplotlib)"""
@@ -377,12 +377,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     cfg = config_from(args, ScaleTestConfig)
-    if cfg.out_json and cfg.out_json.is_dir():
-        raise SystemExit(f"error: --out-json {cfg.out_json} is a folder; give a file, e.g. "
-                         f"{cfg.out_json / 'scale.json'}")
+    if cfg.out and cfg.out.is_dir():
+        raise SystemExit(f"error: --out {cfg.out} is a folder; give a file, e.g. "
+                         f"{cfg.out / 'scale.json'}")
     if cfg.plot_dir and cfg.plot_dir.is_file():
         raise SystemExit(f"error: --plot-dir {cfg.plot_dir} is a file, not a folder")
-    for output in (cfg.out_json, cfg.plot_dir, cfg.out_dir if cfg.live else None):
+    for output in (cfg.out, cfg.plot_dir, cfg.out_dir if cfg.live else None):
         if output and not output.parent.is_dir():  # as evaluate.py -o and generate.py --out: made by no stage
             raise SystemExit(f"error: cannot write {output}: No such file or directory")
     if cfg.plot_dir:
@@ -403,9 +403,9 @@ def main(argv: list[str] | None = None) -> None:
     report["thresholds"] = cfg.thresholds
 
     print(markdown_table(report["allocations"], cfg.thresholds))
-    if cfg.out_json:
-        cfg.out_json.write_text(json.dumps(report, indent=1))
-        print(f"wrote {cfg.out_json}", file=sys.stderr)
+    if cfg.out:
+        cfg.out.write_text(json.dumps(report, indent=1))
+        print(f"wrote {cfg.out}", file=sys.stderr)
     if cfg.plot_dir:
         for path in plot_curves(report["curves"], cfg.thresholds, cfg.plot_dir):
             print(f"wrote {path}", file=sys.stderr)

@@ -29,7 +29,7 @@ Run:
   accelerate launch --config_file configs/ddp.yaml train.py --model Qwen/Qwen2.5-7B-Instruct
   accelerate launch --config_file configs/ddp.yaml --num_processes 2 train.py    # also on a CPU (gloo)
   python train.py --rollouts rewarded.jsonl          # offline: update from trajectories written before
-  python train.py --resume                           # go on from the last checkpoint in --output-dir
+  python train.py --resume                           # go on from the last checkpoint in --out
   python train.py --overwrite                        # start afresh where a previous run left its output
 
 With no --model, the policy is the small one warm-started on the kernel library (warm_policy.policy: shipped for the
@@ -39,8 +39,8 @@ minutes whose score and share correct rise. The paper's sizes are the defaults f
 --model tiny (a smoke test: a random model writes junk, every score is 0), or without a GPU, they shrink to 2 tasks
 x 2 trajectories x 2 turns, 128-token replies, 3 steps; with a GPU on the train split of tasks/, without one on the
 two CPU-sized tasks in tests/tasks. Output: one JSON line of metrics per step (--log), its learning curve beside it
-(the same name, .png), checkpoints in --output-dir/checkpoints, the final model in --output-dir/final, and a table
-of the reward curve at the end, each turn's score in a column. An --output-dir that holds a previous run is refused
+(the same name, .png), checkpoints in --out/checkpoints, the final model in --out/final, and a table
+of the reward curve at the end, each turn's score in a column. An --out that holds a previous run is refused
 unless --resume continues it (from the latest checkpoint the metrics log reaches, the log cut back to it; a finished
 run is said to be so, and left as it is) or --overwrite deletes it; one run at a time may hold it (a lock). A Ctrl-C
 says in one line what is kept and how to go on (exit status 130). Under accelerate launch, bad input is said once, by
@@ -127,8 +127,8 @@ DEMO_SIZES = {"tasks_per_step": 2, "n_trajectories": 2, "turns": 2, "max_tokens"
 WARM_START_SIZES = {"n_trajectories": 4, "turns": 2, "steps": 8, "lr": 5e-5, "bf16": False}
 WARM_START_CPU_STEPS = 16
 # Place: CUDA kernels on the shipped tasks with a GPU; C++ kernels on the two CPU-sized test tasks without.
-GPU_PLACE = {"tasks": "train", "eval_device": "cuda", "bf16": True}
-CPU_PLACE = {"tasks": str(REPO / "tests" / "tasks"), "eval_device": "cpu", "bf16": False}
+GPU_PLACE = {"tasks": "train", "device": "cuda", "bf16": True}
+CPU_PLACE = {"tasks": str(REPO / "tests" / "tasks"), "device": "cpu", "bf16": False}
 
 
 # ---------------------------------------------------------------- the loss: small pure functions
@@ -355,9 +355,9 @@ def check_inputs(args: TrainConfig) -> None:
     run's life), so that what it holds is this run's to judge: a fresh run into the output of a previous one is
     refused (the old checkpoints would outlive the new metrics, and a later --resume would mix the two runs), and so
     is a --resume with no checkpoint to go on from."""
-    output_dir, log = Path(args.output_dir), Path(args.log)
+    output_dir, log = Path(args.out), Path(args.log)
     if output_dir.is_file():
-        raise SystemExit(f"error: --output-dir {args.output_dir} is a file, not a folder")
+        raise SystemExit(f"error: --out {args.out} is a file, not a folder")
     if args.model != "tiny":  # warm-start is a folder by now
         check_model(args.model)
     if args.backend == "vllm":
@@ -371,7 +371,7 @@ def check_inputs(args: TrainConfig) -> None:
     left = previous_run(output_dir, log)
     if left and not (args.resume or args.overwrite):
         raise SystemExit(f"error: {', '.join(map(str, left))} from a previous run: pass --resume to continue it, "
-                         "--overwrite to delete it and start afresh, or another --output-dir")
+                         "--overwrite to delete it and start afresh, or another --out")
     if args.resume and resume_checkpoint(output_dir, log) is None:
         raise SystemExit(f"error: --resume: no checkpoint in {output_dir / 'checkpoints'} that {log} reaches; pass "
                          "--overwrite to start afresh" if left else
@@ -418,8 +418,8 @@ class TrainConfig(RolloutConfig):
     --base-url; both vLLM ones take the policy's weights after every update"""
     base_url: str | None = None
     """vllm-server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1 (README: how to start it);
-    the weights go through OUTPUT_DIR/weights, which it must be able to read"""
-    eval_device: Literal["cuda", "cpu"] | None = None
+    the weights go through OUT/weights, which it must be able to read"""
+    device: Literal["cuda", "cpu"] | None = None
     """where kernels are evaluated; cpu asks for C++ kernels (default: cuda with a GPU, cpu without)"""
     rollouts: str | None = None
     """offline: update from this trajectory JSONL instead of rolling out; turns without an advantage get
@@ -459,16 +459,16 @@ class TrainConfig(RolloutConfig):
     is_cap: float = 3.0
     """cap of the importance weight (TRL's default)"""
     # run
-    output_dir: str = str(REPO / "runs" / "train")
+    out: str = str(REPO / "runs" / "train")
     """checkpoints and the final model go here"""
     log: str | None = None
-    """per-step metrics JSONL (default: OUTPUT_DIR/metrics.jsonl)"""
+    """per-step metrics JSONL (default: OUT/metrics.jsonl)"""
     save_every: int = 10
     """checkpoint every this many steps (and after the last)"""
     resume: bool = False
-    """go on from the latest checkpoint in --output-dir that the metrics log reaches"""
+    """go on from the latest checkpoint in --out that the metrics log reaches"""
     overwrite: bool = False
-    """delete a previous run's checkpoints, final model and metrics in --output-dir first"""
+    """delete a previous run's checkpoints, final model and metrics in --out first"""
     report_to: Literal["none", "tensorboard", "wandb", "all"] = "none"
     """also send metrics to these trackers"""
     reward: rewards.RewardConfig = field(default_factory=rewards.RewardConfig)
@@ -488,14 +488,14 @@ class TrainConfig(RolloutConfig):
 def filled_in(config: TrainConfig) -> TrainConfig:
     """The defaults left None, in this one place: the paper's sizes for a real model on a GPU and a smoke test's
     for the tiny model or on a CPU (offline, --steps stays None: all of the file), CUDA or C++ by whether there is
-    a GPU, the log in --output-dir. --model warm-start becomes the warm-started policy's folder, for the kernels
+    a GPU, the log in --out. --model warm-start becomes the warm-started policy's folder, for the kernels
     evaluated (made here if neither cached nor shipped), with its own sizes and its library's tasks."""
     on_gpu = torch.cuda.is_available()
     place = GPU_PLACE if on_gpu else CPU_PLACE
     if config.model == "warm-start":
         from kevin import warm_policy
 
-        device = config.eval_device or place["eval_device"]
+        device = config.device or place["device"]
         model = warm_policy.policy(device)
         report = json.loads((model / "warm_start.json").read_text())
         tasks = config.tasks or str(warm_policy.DEFAULT_TASKS[device])
@@ -503,12 +503,12 @@ def filled_in(config: TrainConfig) -> TrainConfig:
                  "max_tokens": report["longest_reply_tokens"] + 32}
         if device == "cpu":
             sizes["steps"] = WARM_START_CPU_STEPS
-        config = replace(config, model=str(model), tasks=tasks, eval_device=device)
+        config = replace(config, model=str(model), tasks=tasks, device=device)
     else:
         sizes = PAPER_SIZES if on_gpu and config.model != "tiny" else DEMO_SIZES
     unset = {name: value for name, value in {**place, **sizes}.items()
              if getattr(config, name) is None and not (name == "steps" and config.rollouts)}
-    return replace(config, **unset, log=config.log or str(Path(config.output_dir) / "metrics.jsonl"))
+    return replace(config, **unset, log=config.log or str(Path(config.out) / "metrics.jsonl"))
 
 
 def parse_args(argv=None) -> TrainConfig:
@@ -540,7 +540,7 @@ class Run:
     steps: int
     plan: list[list[list[dict]]] | None  # offline: each step's tasks, each a list of its trajectories
     tasks: dict[str, Task] | None  # online: the tasks to pick from, by id
-    output_dir: Path
+    out: Path
     log_path: Path
     first_words: Counter = field(default_factory=Counter)  # of every reply so far: the junk signal's reference
 
@@ -620,21 +620,21 @@ def setup(args: TrainConfig) -> Run:
                                   dtype)
     elif args.backend == "vllm-server":
         backend = ServedEngine(args.base_url, tokenizer, args.temperature, args.max_tokens, dtype,
-                               Path(args.output_dir) / "weights", accelerator.is_main_process)
-    eval_config = EvalConfig(device=args.eval_device,
-                             gpus=[state.local_process_index] if args.eval_device == "cuda" else None,
+                               Path(args.out) / "weights", accelerator.is_main_process)
+    eval_config = EvalConfig(device=args.device,
+                             gpus=[state.local_process_index] if args.device == "cuda" else None,
                              compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False,
                              rules=args.rules)
     return Run(accelerator, model, optimizer, tokenizer,
                tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
                ref_model, backend, eval_config, accumulation, steps, plan, tasks,
-               Path(args.output_dir), Path(args.log))
+               Path(args.out), Path(args.log))
 
 
 def stop_if_finished(args: TrainConfig, steps: int, main_process: bool) -> None:
     """--resume of a run that has done its steps and saved its final model: one line, nothing touched, exit status
     0 (a script that resumes until done may call it again)."""
-    output_dir = Path(args.output_dir)
+    output_dir = Path(args.out)
     done = checkpoint_step(resume_checkpoint(output_dir, Path(args.log)))
     if done >= steps and (output_dir / "final").exists():
         if main_process:
@@ -650,10 +650,10 @@ def resume(args: TrainConfig, run: Run) -> int:
     nothing that a re-run would take for a previous run."""
     start = 0
     if args.overwrite and run.accelerator.is_main_process:
-        clear_previous_run(run.output_dir, run.log_path)
+        clear_previous_run(run.out, run.log_path)
     run.accelerator.wait_for_everyone()
     if args.resume:
-        checkpoint = resume_checkpoint(run.output_dir, run.log_path)
+        checkpoint = resume_checkpoint(run.out, run.log_path)
         run.accelerator.load_state(str(checkpoint))
         saved = json.loads((checkpoint / "trainer_state.json").read_text())
         start, run.first_words = saved["step"], Counter(saved["first_words"])
@@ -702,7 +702,7 @@ def step_rollouts(args: TrainConfig, run: Run, step: int) -> Rollouts:
         generator = run.backend or HFBackend(policy, args.temperature, args.max_tokens, tokenizer=run.tokenizer,
                                              synced_gpus=is_sharded(run.accelerator) and world > 1)
         seconds = run_turns(records, record_tasks, generator, run.eval_config, turns=args.turns,
-                            seed=f"{args.seed}/{step}", device=args.eval_device, context_budget=args.context_budget,
+                            seed=f"{args.seed}/{step}", device=args.device, context_budget=args.context_budget,
                             overlap=args.overlap)
     return Rollouts(rewards.add_rewards(records, args.reward), args.tasks_per_step * args.n_trajectories * args.turns,
                     picked, seconds)
@@ -837,7 +837,7 @@ def log_step(args: TrainConfig, run: Run, step: Step) -> dict:
 
 def save_checkpoint(run: Run, steps_done: int) -> None:
     """accelerate's state, with the step count and the first words seen: what --resume reads back."""
-    checkpoint = run.output_dir / "checkpoints" / f"step_{steps_done:06d}"
+    checkpoint = run.out / "checkpoints" / f"step_{steps_done:06d}"
     run.accelerator.save_state(str(checkpoint))
     if run.accelerator.is_main_process:
         (checkpoint / "trainer_state.json").write_text(
@@ -845,12 +845,12 @@ def save_checkpoint(run: Run, steps_done: int) -> None:
 
 
 def save_final(run: Run) -> None:
-    """The trained model and its tokenizer in OUTPUT_DIR/final, written beside it and renamed into place once whole
+    """The trained model and its tokenizer in OUT/final, written beside it and renamed into place once whole
     (a run stopped while saving leaves no final model for --resume to take for a finished run); the vLLM engine
     shut down."""
     state_dict = run.accelerator.get_state_dict(run.model)
     if run.accelerator.is_main_process:
-        final, partial = run.output_dir / "final", run.output_dir / "final.partial"
+        final, partial = run.out / "final", run.out / "final.partial"
         shutil.rmtree(partial, ignore_errors=True)
         run.accelerator.unwrap_model(run.model).save_pretrained(partial, state_dict=state_dict)
         run.tokenizer.save_pretrained(partial)
@@ -916,14 +916,14 @@ def report(args: TrainConfig, run: Run) -> None:
     model = Path(args.model)  # named inside the repository where it lies there
     name = model.relative_to(REPO) if model.is_absolute() and model.is_relative_to(REPO) else model.name
     curve = learning_curves.plot_run(logged, run.log_path.with_suffix(".png"), f"GRPO from {name}")
-    print(f"metrics: {run.log_path}   curve: {curve}   model: {run.output_dir / 'final'}")
+    print(f"metrics: {run.log_path}   curve: {curve}   model: {run.out / 'final'}")
 
 
 def interrupted(args: TrainConfig, run: Run) -> str:
     """What a stopped run keeps (the steps logged; the model and optimizer at the latest checkpoint) and how to go
     on: --resume from that checkpoint, else afresh."""
     logged = logged_steps(run.log_path)
-    checkpoint = resume_checkpoint(run.output_dir, run.log_path)
+    checkpoint = resume_checkpoint(run.out, run.log_path)
     if checkpoint is not None:
         return (f"interrupted: {logged} of {run.steps} steps logged in {run.log_path}, checkpoint of step "
                 f"{checkpoint_step(checkpoint)} in {checkpoint}; re-run with --resume to go on from it")

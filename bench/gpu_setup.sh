@@ -28,7 +28,7 @@ step versions python3 -c "import torch, transformers, accelerate, peft, deepspee
 print(torch.__version__, transformers.__version__, accelerate.__version__, peft.__version__, deepspeed.__version__,
       trl.__version__, datasets.__version__, torch.cuda.get_device_name(0))"
 step zero3_tiny python3 -m accelerate.commands.launch --config_file configs/deepspeed_zero3.yaml --num_processes 1 \
-    train.py --steps 2 --tasks-per-step 2 --n-trajectories 2 --turns 1 --max-tokens 64 --output-dir "$OUT/zero3_tiny"
+    train.py --steps 2 --tasks-per-step 2 --n-trajectories 2 --turns 1 --max-tokens 64 --out "$OUT/zero3_tiny"
 step logprob_head python3 -m pytest -q -p no:cacheprovider tests/test_train.py -k chunked_logprob_head  # its Triton kernels
 step grpo_step python3 bench/grpo_step.py --out "$OUT/grpo_step_h200.json" ${@:+--rows "$@"}
 if [ "${GPU_TESTS:-1}" = 1 ]; then  # GPU_TESTS=0: the measurements only

@@ -183,7 +183,7 @@ def run_project(spec: dict, batch: dict, work: Path) -> dict:
     args = train.parse_args(["--model", spec["path"], "--rollouts", str(rollouts), "--tasks-per-step", "1",
                              "--max-tokens", str(spec["reply_tokens"]), "--micro-batch-size", str(spec["micro_batch"]),
                              "--gradient-checkpointing", "--logprob-chunk", str(spec["logprob_chunk"]),
-                             "--output-dir", str(work / "project"),
+                             "--out", str(work / "project"),
                              "--bf16" if spec["bf16"] else "--no-bf16",
                              *(["--lora-rank", str(LORA_RANK)] if spec["mode"] == "lora" else [])])
     run = train.setup(args)

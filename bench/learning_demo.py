@@ -73,8 +73,8 @@ def train_command(args, kind: str, seed: int, model: str, max_tokens: int, out: 
     return [sys.executable, str(REPO / "train.py"), "--model", model, "--tasks", args.tasks,
             "--tasks-per-step", str(args.tasks_per_step), "--n-trajectories", str(n), "--turns", str(turns),
             "--steps", str(args.steps), "--lr", str(args.lr), "--max-tokens", str(max_tokens),
-            "--eval-device", args.device, "--seed", str(seed), "--save-every", "2", "--no-bf16",
-            "--output-dir", str(out), "--log", str(out / "metrics.jsonl"),
+            "--device", args.device, "--seed", str(seed), "--save-every", "2", "--no-bf16",
+            "--out", str(out), "--log", str(out / "metrics.jsonl"),
             *go_on_or_afresh(out), *shlex.split(args.train_args)]
 
 

@@ -7,7 +7,7 @@ Checks, one row each in the closing table (the JSON at --out holds every number)
                  `train.py --rollouts` as one process on one GPU, and as DDP and as FSDP over N processes,
                  for the tiny model and the Qwen2-0.5B-shaped one, in fp32 and in bf16. Against the one-GPU
                  run: loss and gradient norm of both steps (the largest relative difference), and the final
-                 weights (--output-dir/final) as ||w_N - w_1|| / ||w_1 - w_initial||, the difference relative
+                 weights (--out/final) as ||w_N - w_1|| / ||w_1 - w_initial||, the difference relative
                  to the update itself. Step 2 has one task, so some ranks only join the others' collectives.
                  FSDP must really shard: its checkpoint is written in shards. (A random model's own rollouts
                  have all-zero advantages, so no update: hence the fixed batch.)
@@ -191,7 +191,7 @@ def train_launch(tag: str, strategy: str | None, processes: int, args: list[str]
     env = {"OMP_NUM_THREADS": "1", TAG: tag}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    return Launch(tag, command + args + ["--output-dir", str(out), "--overwrite"], out, env)  # --work-dir reused
+    return Launch(tag, command + args + ["--out", str(out), "--overwrite"], out, env)  # --work-dir reused
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -38,8 +38,8 @@ def train_command(args, model: str, overlap: bool, out: Path) -> list[str]:
     return [sys.executable, str(REPO / "train.py"), "--model", model, "--tasks", args.tasks,
             "--tasks-per-step", str(args.tasks_per_step), "--n-trajectories", str(args.n_trajectories),
             "--turns", str(args.turns), "--steps", str(args.steps), "--max-tokens", str(args.max_tokens),
-            "--eval-device", args.device, "--seed", str(args.seed), "--no-bf16", "--save-every", str(args.steps),
-            "--output-dir", str(out), "--overwrite", *(["--overlap"] if overlap else []), *shlex.split(args.train_args)]
+            "--device", args.device, "--seed", str(args.seed), "--no-bf16", "--save-every", str(args.steps),
+            "--out", str(out), "--overwrite", *(["--overlap"] if overlap else []), *shlex.split(args.train_args)]
 
 
 def step_seconds(metrics: list[dict]) -> list[dict[str, float]]:

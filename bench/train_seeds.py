@@ -24,7 +24,7 @@ from learning_demo import go_on_or_afresh  # noqa: E402
 def run_seed(seed: int, folder: Path, extra: list[str]) -> float:
     """train.py's default run for `seed` into `folder` (resumed from its last checkpoint, if any); its minutes."""
     started = time.perf_counter()
-    command = [sys.executable, "train.py", "--seed", str(seed), "--output-dir", str(folder),
+    command = [sys.executable, "train.py", "--seed", str(seed), "--out", str(folder),
                *go_on_or_afresh(REPO / folder), *extra]
     print("+", " ".join(command[1:]), flush=True)
     if subprocess.run(command, cwd=REPO).returncode != 0:

@@ -4,7 +4,6 @@ the GPU holds during an update."""
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
@@ -42,12 +41,12 @@ def is_sharded(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.FSDP or (plugin is not None and plugin.zero_stage == 3)
 
 
-def make_accelerator(args: argparse.Namespace, accumulation: int, on_gpu: bool) -> Accelerator:
+def make_accelerator(args, accumulation: int, on_gpu: bool) -> Accelerator:
     """The Accelerator for the launch config (DDP, FSDP 2, ZeRO-3), refusing what the loop does not support."""
     # Micro-batches per update come from --micro-batch-size, not from the launch config (DeepSpeed reads these).
     os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(accumulation)
     os.environ["ACCELERATE_GRADIENT_CLIPPING"] = str(args.max_grad_norm)
-    output_dir = Path(args.output_dir)
+    output_dir = Path(args.out)
     accelerator = Accelerator(cpu=not on_gpu, mixed_precision="bf16" if args.bf16 else "no",
                               gradient_accumulation_steps=accumulation,
                               log_with=None if args.report_to == "none" else args.report_to,
@@ -71,7 +70,7 @@ def offloads_optimizer(accelerator: Accelerator) -> bool:
     return zero.get("offload_optimizer", {}).get("device") == "cpu"
 
 
-def load_policy(args: argparse.Namespace, accelerator: Accelerator, model_path: str):
+def load_policy(args, accelerator: Accelerator, model_path: str):
     """(model, optimizer), prepared by accelerate: the whole model or its LoRA adapters, in training mode.
 
     fp32 weights under bf16 autocast, but under ZeRO-3 with bf16: there the weights are bf16 and the fp32 master
@@ -130,13 +129,13 @@ def lock_output_dir(output_dir: Path) -> None:
         output_dir.mkdir(parents=True, exist_ok=True)
         held = os.open(output_dir, os.O_RDONLY)
     except OSError as e:
-        raise SystemExit(f"error: cannot write --output-dir {output_dir}: {e.strerror}") from None
+        raise SystemExit(f"error: cannot write --out {output_dir}: {e.strerror}") from None
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(held)
-        raise SystemExit(f"error: --output-dir {output_dir} is in use by another train.py run; wait for it to end "
-                         "or pass another --output-dir") from None
+        raise SystemExit(f"error: --out {output_dir} is in use by another train.py run; wait for it to end "
+                         "or pass another --out") from None
 
 
 def previous_run(output_dir: Path, log_path: Path) -> list[Path]:

@@ -184,13 +184,13 @@ def test_offline_cli_writes_the_table_the_json_and_png_curves(tmp_path):
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"  # a task's pool may span files
     first.write_text("".join(json.dumps(t) + "\n" for t in POOL[:6]))
     second.write_text("".join(json.dumps(t) + "\n" for t in POOL[6:]))
-    out_json, plot_dir = tmp_path / "scale.json", tmp_path / "plots"
+    out, plot_dir = tmp_path / "scale.json", tmp_path / "plots"
     result = run_cli(str(first), str(second), "--budget", "4", "--turns", "2,1",
-                     "--out-json", str(out_json), "--plot-dir", str(plot_dir))
+                     "--out", str(out), "--plot-dir", str(plot_dir))
     assert result.returncode == 0, result.stderr
     assert "| independent | 2 x 2 | 4 | 75.0% | 50.0% | 1.08x | 0.69x | 75.0% | 41.7% |" in result.stdout
     assert "| independent | 4 x 1 | 4 | 100.0% | 37.5% | 1.25x | 0.38x | 100.0% | 50.0% |" in result.stdout
-    report = json.loads(out_json.read_text())
+    report = json.loads(out.read_text())
     assert report["tasks"] == 2
     assert report["allocations"][0]["metrics"] == pytest.approx(TWO_BY_TWO)
     assert report["allocations"][1]["metrics"] == pytest.approx(FOUR_BY_ONE)
@@ -221,15 +221,15 @@ def test_live_mode_generates_each_allocation_and_measures_it(tmp_path):
     task = tmp_path / "tasks" / "level0" / "relu.py"
     task.parent.mkdir(parents=True)
     task.write_text(TINY_TASK)
-    out_json = tmp_path / "scale.json"
+    out = tmp_path / "scale.json"
     result = run_cli("--live", "--budget", "4", "--turns", "2,1", "--beam-width", "2", "--beam-keep", "1",
-                     "--out-dir", str(tmp_path / "runs"), "--out-json", str(out_json),
+                     "--out-dir", str(tmp_path / "runs"), "--out", str(out),
                      f"--generate-args=--tasks {task} --device cpu --max-tokens 8")
     assert result.returncode == 0, result.stderr
     shapes = {name: [len(json.loads(line)["turns"]) for line in (tmp_path / "runs" / name).read_text().splitlines()]
               for name in ("2x2.jsonl", "4x1.jsonl")}
     assert shapes == {"2x2.jsonl": [2, 2], "4x1.jsonl": [1, 1, 1, 1]}
-    report = json.loads(out_json.read_text())
+    report = json.loads(out.read_text())
     assert [(r["strategy"], r["trajectories"], r["turns"]) for r in report["allocations"]] == [
         ("independent", 2, 2), ("independent", 4, 1), ("beam", 2, 2)]
     # 2 beams x 2 turns keeping 1: after turn 1 the better beam is copied, so both share their first turn
@@ -256,7 +256,7 @@ def test_live_beam_without_a_gpu_asks_for_cpp_and_evaluates_on_the_cpu_by_defaul
     assert beams and all("cpp_sources` only" in b["turns"][0]["prompt"]["messages"][0]["content"] for b in beams)
 
 
-@pytest.mark.parametrize("flag, taken, message", [("--out-json", "a_folder", "is a folder; give a file"),
+@pytest.mark.parametrize("flag, taken, message", [("--out", "a_folder", "is a folder; give a file"),
                                                  ("--plot-dir", "a_file", "is a file, not a folder")])
 def test_an_output_of_the_wrong_kind_is_refused_in_one_line_before_any_work(tmp_path, flag, taken, message):
     pytest.importorskip("matplotlib")
@@ -287,7 +287,7 @@ def test_flags_no_allocation_can_serve_are_a_one_line_error(tmp_path, flags, mes
     assert result.stderr.strip().splitlines() == [message]
 
 
-@pytest.mark.parametrize("flag, name", [("--out-json", "scale.json"), ("--plot-dir", "plots"), ("--out-dir", "runs")])
+@pytest.mark.parametrize("flag, name", [("--out", "scale.json"), ("--plot-dir", "plots"), ("--out-dir", "runs")])
 def test_an_output_in_a_missing_folder_is_refused_as_evaluate_refuses_it(tmp_path, flag, name):
     """As evaluate.py -o and generate.py --out: a missing folder is not made, and nothing is computed first."""
     path = tmp_path / "pool.jsonl"
@@ -334,8 +334,8 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     for name, doc in config_flags.field_docs(ScaleTestConfig).items():
         assert "".join(doc.split()) in help_text, name
     assert "(default:8,4,1)" in help_text and "(default:runs/scale_test)" in help_text
-    args = _parser().parse_args(["a.jsonl", "b.jsonl", "--turns", "2,1", "--thresholds", "2", "--out-json", "s.json"])
+    args = _parser().parse_args(["a.jsonl", "b.jsonl", "--turns", "2,1", "--thresholds", "2", "--out", "s.json"])
     cfg = ScaleTestConfig(**config_flags.given_flags(args, ScaleTestConfig))
     assert args.files == ["a.jsonl", "b.jsonl"]
-    assert cfg == ScaleTestConfig(turns=[2, 1], thresholds=[2.0], out_json=Path("s.json"))
+    assert cfg == ScaleTestConfig(turns=[2, 1], thresholds=[2.0], out=Path("s.json"))
     assert ScaleTestConfig(**config_flags.given_flags(_parser().parse_args([]), ScaleTestConfig)) == ScaleTestConfig()

@@ -104,7 +104,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 def offline_args(rollouts: Path, out: Path) -> list[str]:
     """Two steps, of three tasks and of one (so with two processes a rank has nothing to train on at
     times); a large learning rate so that one update visibly moves the weights."""
-    return ["--model", "tiny", "--rollouts", str(rollouts), "--output-dir", str(out), "--lr", "1e-3",
+    return ["--model", "tiny", "--rollouts", str(rollouts), "--out", str(out), "--lr", "1e-3",
             "--max-tokens", "64", "--tasks-per-step", "3", "--micro-batch-size", "2", "--save-every", "1"]
 
 
@@ -461,7 +461,7 @@ def test_repeated_4grams_measure_loops():
 # ---------------------------------------------------------------- the script itself
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the tiny model takes the paper's sizes")
 def test_tiny_smoke_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp_path):
-    done = run_train("--model", "tiny", "--output-dir", str(tmp_path))
+    done = run_train("--model", "tiny", "--out", str(tmp_path))
     log = read_log(tmp_path)
     assert [m["step"] for m in log] == [1, 2, 3]
     for m in log:
@@ -491,7 +491,7 @@ def test_zero3_with_the_optimizer_offloaded_trains_online_on_one_gpu(tmp_path):
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(ROOT / "configs" / "deepspeed_zero3.yaml"), "--num_processes", "1"]
     done = run_train("--model", "tiny", "--steps", "2", "--tasks-per-step", "2", "--n-trajectories", "2",
-                     "--turns", "1", "--max-tokens", "64", "--lr", "1e-3", "--output-dir", str(tmp_path),
+                     "--turns", "1", "--max-tokens", "64", "--lr", "1e-3", "--out", str(tmp_path),
                      launcher=launcher, timeout=900)
     log = read_log(tmp_path)
     assert [m["step"] for m in log] == [1, 2]
@@ -505,7 +505,7 @@ def test_zero3_with_the_optimizer_offloaded_trains_online_on_one_gpu(tmp_path):
 def test_online_steps_on_the_gpu_roll_out_evaluate_and_log(tmp_path):
     """The tiny model on the GPU, CUDA evaluation of its replies, shrunk sizes: the loop, not learning."""
     run_train("--model", "tiny", "--steps", "2", "--tasks-per-step", "2", "--n-trajectories", "2", "--turns", "2",
-              "--max-tokens", "64", "--output-dir", str(tmp_path), timeout=900)
+              "--max-tokens", "64", "--out", str(tmp_path), timeout=900)
     log = read_log(tmp_path)
     assert [m["step"] for m in log] == [1, 2] and all(m["samples"] == 2 * 2 * 2 for m in log)
     assert all(0 < m["train/entropy"] and "reward/correct_turn2" in m for m in log)
@@ -550,7 +550,7 @@ def test_two_processes_apply_the_same_update_as_one_process(tmp_path, rollouts, 
 def test_two_processes_roll_out_and_evaluate_their_own_tasks_online(tmp_path):
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
                 "--num_processes", "2"]
-    run_train("--model", "tiny", "--steps", "2", "--max-tokens", "32", "--output-dir", str(tmp_path), launcher=launcher)
+    run_train("--model", "tiny", "--steps", "2", "--max-tokens", "32", "--out", str(tmp_path), launcher=launcher)
     log = read_log(tmp_path)
     assert [m["step"] for m in log] == [1, 2]
     for m in log:  # one task per rank, every rank's samples gathered into the metrics
@@ -685,7 +685,7 @@ def test_advantages_reward_py_made_are_trained_on_only_with_the_flags_that_made_
 def test_a_second_run_on_the_same_output_dir_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "train.py", "--model", "tiny", "--steps", "2", "--max-tokens", "16",
-               "--output-dir", str(out)]
+               "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with (tmp_path / "first.err").open("w") as err:
         first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=env)
@@ -695,7 +695,7 @@ def test_a_second_run_on_the_same_output_dir_is_refused_while_the_first_holds_it
     stderr = {first.returncode: (tmp_path / "first.err").read_text(), second.returncode: second.stderr}
     assert sorted(stderr) == [0, 1], stderr  # whichever locked the folder first ran; the other was refused
     assert "Traceback" not in stderr[1] and stderr[1].strip().splitlines()[-1] == (
-        f"error: --output-dir {out} is in use by another train.py run; wait for it to end or pass another --output-dir")
+        f"error: --out {out} is in use by another train.py run; wait for it to end or pass another --out")
     assert [m["step"] for m in read_log(out)] == [1, 2]
 
 
@@ -729,7 +729,7 @@ def whole(checkpoint: Path) -> bool:
 
 def test_ctrl_c_says_in_one_line_what_is_kept_and_resume_goes_on_from_it(tmp_path):
     out = tmp_path / "run"
-    flags = ["--model", "tiny", "--steps", "3", "--save-every", "1", "--max-tokens", "16", "--output-dir", str(out)]
+    flags = ["--model", "tiny", "--steps", "3", "--save-every", "1", "--max-tokens", "16", "--out", str(out)]
     status, stderr = ctrl_c([sys.executable, "train.py", *flags], lambda _: whole(out / "checkpoints" / "step_000001"),
                             tmp_path / "stderr")
     assert status == 130 and "Traceback" not in stderr, stderr[-3000:]
@@ -743,7 +743,7 @@ def test_ctrl_c_says_in_one_line_what_is_kept_and_resume_goes_on_from_it(tmp_pat
 
 def test_ctrl_c_during_the_first_step_leaves_nothing_that_blocks_a_rerun(tmp_path):
     out = tmp_path / "run"
-    flags = ["--model", "tiny", "--steps", "1", "--max-tokens", "16", "--output-dir", str(out)]
+    flags = ["--model", "tiny", "--steps", "1", "--max-tokens", "16", "--out", str(out)]
     status, stderr = ctrl_c([sys.executable, "train.py", *flags], lambda err: "train:" in err, tmp_path / "stderr")
     assert status == 130 and "Traceback" not in stderr, stderr[-3000:]
     assert stderr.splitlines()[-1] == "interrupted: before the first step ended, nothing kept; re-run to start afresh"
@@ -768,7 +768,7 @@ LAUNCH_2 = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
 ])
 def test_bad_input_under_a_launch_is_said_once_by_the_first_process(tmp_path, argv, message):
     """accelerate's launcher (torchrun) still reports that the processes failed; that is its own, not ours."""
-    done = subprocess.run([*LAUNCH_2, "train.py", "--model", "tiny", "--output-dir", str(tmp_path), *argv],
+    done = subprocess.run([*LAUNCH_2, "train.py", "--model", "tiny", "--out", str(tmp_path), *argv],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode != 0 and done.stderr.count(message) == 1, done.stderr[-3000:]
 
@@ -828,7 +828,7 @@ def test_with_no_flags_the_shipped_warm_started_policy_trains_on_every_task_of_i
     args = train.parse_args([])
     report = json.loads((Path(args.model) / "warm_start.json").read_text())
     assert Path(args.model) == ROOT / "solutions" / "warm_start" / "policy" / "cpu"
-    assert (args.tasks, args.eval_device, args.tasks_per_step) == (str(ROOT / "tests" / "tasks"), "cpu", 2)
+    assert (args.tasks, args.device, args.tasks_per_step) == (str(ROOT / "tests" / "tasks"), "cpu", 2)
     assert (args.n_trajectories, args.turns, args.steps, args.lr, args.bf16) == (4, 2, 16, 5e-5, False)  # 16: C++
     assert args.max_tokens == report["longest_reply_tokens"] + 32
     # a flag given still wins over the warm start's sizes
@@ -840,7 +840,7 @@ def test_with_no_flags_the_shipped_warm_started_policy_trains_on_every_task_of_i
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the default policy is the CUDA one, made there")
 def test_the_default_run_trains_the_warm_started_policy_on_real_evaluations(tmp_path):
     """`python train.py` cut to one short step: the warm-started policy writes kernels that compile."""
-    done = run_train("--steps", "1", "--n-trajectories", "2", "--turns", "1", "--output-dir", str(tmp_path))
+    done = run_train("--steps", "1", "--n-trajectories", "2", "--turns", "1", "--out", str(tmp_path))
     [m] = read_log(tmp_path)
     assert sorted(m["tasks"]) == ["level1/7_ReLU", "level1/9_Swish"] and m["reward/compiled"] > 0
     assert "step   score  turn 1  correct" in done.stdout and (tmp_path / "metrics.png").exists()
@@ -869,8 +869,8 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
     assert f"default {short[warm['lr']]} for the warm-started policy, else {short[paper['lr']]}" in flat["lr"]
     assert (f"default: {paper['turns']} (the paper's) for a model of your own on a GPU, {demo['turns']} otherwise"
             in flat["turns"]) and warm["turns"] == demo["turns"] and paper["lr"] == demo["lr"]
-    args = train.parse_args(["--no-bf16", "--turns", "3", "--eval-device", "cpu", "--gpu-memory-utilization", "0.5"])
-    assert (args.bf16, args.turns, args.eval_device, args.gpu_memory_utilization) == (False, 3, "cpu", 0.5)
+    args = train.parse_args(["--no-bf16", "--turns", "3", "--device", "cpu", "--gpu-memory-utilization", "0.5"])
+    assert (args.bf16, args.turns, args.device, args.gpu_memory_utilization) == (False, 3, "cpu", 0.5)
     assert train.parse_args([]).gpu_memory_utilization == train.TrainConfig().gpu_memory_utilization == 0.3
 
 
@@ -883,17 +883,17 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
     (["--model", "/nonexistent"], "--model /nonexistent: no such folder"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, argv, message):
-    done = subprocess.run([sys.executable, "train.py", "--output-dir", str(tmp_path), *argv],
+    done = subprocess.run([sys.executable, "train.py", "--out", str(tmp_path), *argv],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
 
 
 def test_an_output_dir_that_is_a_file_is_a_one_line_error(tmp_path):
     (tmp_path / "taken").write_text("")
-    done = subprocess.run([sys.executable, "train.py", "--output-dir", str(tmp_path / "taken")],
+    done = subprocess.run([sys.executable, "train.py", "--out", str(tmp_path / "taken")],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == f"error: --output-dir {tmp_path / 'taken'} is a file, not a folder"
+    assert done.stderr.strip().splitlines()[-1] == f"error: --out {tmp_path / 'taken'} is a file, not a folder"
 
 
 def test_trajectories_without_token_ids_are_refused_with_a_reason(tmp_path, rollouts):
@@ -901,7 +901,7 @@ def test_trajectories_without_token_ids_are_refused_with_a_reason(tmp_path, roll
     records[0]["turns"][0]["reply"]["token_ids"] = None
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in records))
-    done = subprocess.run([sys.executable, "train.py", "--rollouts", str(bad), "--output-dir", str(tmp_path)],
+    done = subprocess.run([sys.executable, "train.py", "--rollouts", str(bad), "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode != 0 and "no token ids" in done.stderr and "Traceback" not in done.stderr
 
@@ -909,7 +909,7 @@ def test_trajectories_without_token_ids_are_refused_with_a_reason(tmp_path, roll
 # ---------------------------------------------------------------- vLLM (more in test_vllm_sync.py)
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see README)")
 def test_vllm_backend_rolls_out_with_a_colocated_engine(tmp_path):
-    run_train("--backend", "vllm", "--steps", "2", "--max-tokens", "16", "--output-dir", str(tmp_path), timeout=600)
+    run_train("--backend", "vllm", "--steps", "2", "--max-tokens", "16", "--out", str(tmp_path), timeout=600)
     log = read_log(tmp_path)
     assert [m["step"] for m in log] == [1, 2]
     assert all(0 < m["reply/tokens"] <= 16 and m["train/entropy"] > 0 for m in log)
@@ -924,7 +924,7 @@ def test_the_sampler_trainer_mismatch_of_a_bf16_engine_is_measured_and_an_fp32_o
     for precision in ("--bf16", "--no-bf16"):
         out = tmp_path / precision.strip("-")
         run_train("--backend", "vllm", precision, "--steps", "1", "--max-tokens", "16", "--is-correction",
-                  "token-truncate", "--output-dir", str(out), timeout=600)
+                  "token-truncate", "--out", str(out), timeout=600)
         [runs[precision]] = read_log(out)
     assert runs["--no-bf16"]["mismatch/abs_logprob_diff"] < 1e-5
     assert 2e-4 < runs["--bf16"]["mismatch/abs_logprob_diff"] < 0.1

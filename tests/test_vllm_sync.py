@@ -304,7 +304,7 @@ def assert_every_push_matched_on_both_ranks(out: Path, done: subprocess.Complete
 @pytest.mark.parametrize("weights", ["full", "lora"])
 def test_two_ranks_generate_with_their_own_engines_and_match_the_policy_after_every_push(tmp_path, weights):
     lora = ["--lora-rank", "4"] if weights == "lora" else []
-    done = launch_train("--backend", "vllm", *MOVING, *lora, "--output-dir", str(tmp_path))
+    done = launch_train("--backend", "vllm", *MOVING, *lora, "--out", str(tmp_path))
     assert_every_push_matched_on_both_ranks(tmp_path, done)
 
 
@@ -315,7 +315,7 @@ def test_two_ranks_generate_through_a_vllm_server_that_takes_the_pushed_weights(
     env = {**VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": importable(ROOT)}
     with vllm_server(tmp_path / "serve.log", *extension, env=env) as (base_url, _):
         done = launch_train("--backend", "vllm-server", "--base-url", base_url, *MOVING,
-                            "--output-dir", str(tmp_path / "run"))
+                            "--out", str(tmp_path / "run"))
     assert_every_push_matched_on_both_ranks(tmp_path / "run", done)
     assert (tmp_path / "run" / "weights" / "model.safetensors").exists()
 
@@ -324,6 +324,6 @@ def test_a_server_that_does_not_answer_is_a_one_line_error(tmp_path):
     from test_openai_server import free_port
 
     done = subprocess.run([sys.executable, str(ROOT / "train.py"), "--backend", "vllm-server", "--base-url",
-                           f"http://127.0.0.1:{free_port()}/v1", "--output-dir", str(tmp_path)],
+                           f"http://127.0.0.1:{free_port()}/v1", "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode != 0 and "no vLLM server answers" in done.stderr and "Traceback" not in done.stderr
