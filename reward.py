@@ -49,6 +49,8 @@ def summary_table(trajectories: list[dict], group_by: str) -> str:
     groups = defaultdict(list)
     for i, trajectory in enumerate(trajectories):
         for t, turn in enumerate(trajectory["turns"], 1):
+            if turn["score"] is None:  # not evaluated: no sample of the reward
+                continue
             by_turn[t].append(turn)
             groups[group_key(i, trajectory["task"], t, group_by)].append(turn["return"])
     lines = [f"{'turn':>4} {'samples':>8} {'mean score':>11} {'mean return':>12} {'correct':>8}"]

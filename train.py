@@ -179,10 +179,13 @@ def learning_rate(update: int, total_updates: int, peak: float, warmup_ratio: fl
 
 # ---------------------------------------------------------------- samples and batches
 def turn_samples(trajectories: list[dict]) -> list[Sample]:
-    """One sample per turn of rewarded trajectories."""
+    """One sample per turn of rewarded trajectories that has an advantage (reward.add_rewards leaves None on turns
+    not evaluated and on those left out of the loss)."""
     samples = []
     for record in trajectories:
         for turn in record["turns"]:
+            if turn["advantage"] is None:
+                continue
             prompt_ids, reply = turn["prompt"].get("token_ids"), turn["reply"]
             if not prompt_ids or reply.get("token_ids") is None:
                 raise ValueError(f"task {record['task']} turn {turn['turn']}: no token ids (the openai backend "
@@ -195,11 +198,18 @@ def turn_samples(trajectories: list[dict]) -> list[Sample]:
     return samples
 
 
-def drop_truncated(trajectories: list[dict], max_tokens: int) -> list[dict]:
-    """Copies without the turns whose reply reached --max-tokens: a reply cut off is no sample of what the
-    policy would have written, and its score says nothing of its tokens (DAPO's overlong filtering)."""
-    return [{**record, "turns": [turn for turn in record["turns"] if len(turn["reply"]["token_ids"]) < max_tokens]}
-            for record in trajectories]
+def truncation(args: TrainConfig):
+    """With --mask-truncated, what names a turn whose reply reached --max-tokens: a reply cut off is no sample of
+    what the policy would have written, and its score says nothing of its tokens (DAPO's overlong filtering); it is
+    left out of the loss and of its group's baseline (reward.add_rewards' `left_out`), kept in the normaliser."""
+    if args.mask_truncated:
+        return lambda turn: len(turn["reply"]["token_ids"]) >= args.max_tokens
+    return None
+
+
+def scored_turns(trajectories: list[dict]) -> int:
+    """The turn-samples that count in the loss's normaliser: all but those not evaluated (which have no score)."""
+    return sum(turn["score"] is not None for record in trajectories for turn in record["turns"])
 
 
 def micro_batches(samples: list[Sample], size: int, count: int) -> list[list[Sample]]:
@@ -289,6 +299,7 @@ def rollout_metrics(rows: list[dict], usual_word: str, max_tokens: int) -> dict[
         values = list(values)
         return sum(values) / len(values) if values else 0.0
 
+    everything, rows = rows, [r for r in rows if r["score"] is not None]  # not evaluated: counted, not averaged
     metrics = {"reward/score": mean(r["score"] for r in rows), "reward/correct": mean(r["correct"] for r in rows),
                "reward/compiled": mean(r["compiled"] for r in rows), "reward/speedup": mean(r["speedup"] for r in rows)}
     for turn in sorted({r["turn"] for r in rows}):
@@ -304,6 +315,7 @@ def rollout_metrics(rows: list[dict], usual_word: str, max_tokens: int) -> dict[
     metrics["reply/truncated"] = mean(r["reply_tokens"] >= max_tokens for r in rows)
     metrics["junk/other_first_word"] = mean(r["first_word"] != usual_word for r in rows)
     metrics["junk/repeated_4grams"] = mean(r["repeated_4grams"] for r in rows)
+    metrics["reward/not_evaluated"] = len(everything) - len(rows)
     return metrics
 
 
@@ -422,8 +434,8 @@ class TrainConfig(RolloutConfig):
     device: Literal["cuda", "cpu"] | None = None
     """where kernels are evaluated; cpu asks for C++ kernels (default: cuda with a GPU, cpu without)"""
     rollouts: str | None = None
-    """offline: update from this trajectory JSONL instead of rolling out; turns without an advantage get
-    reward.py's; one step per --tasks-per-step tasks of the file"""
+    """offline: update from this trajectory JSONL instead of rolling out, its advantages made with this run's reward
+    flags (a file from reward.py must have been rewarded with the same); one step per --tasks-per-step tasks of it"""
     # optimisation
     steps: int | None = None
     """steps (rollout + updates); default 8 for the warm-started policy (16 for its C++ kernels), 40 for a model of
@@ -559,8 +571,7 @@ def offline_plan(args: TrainConfig, world: int) -> tuple[list[list[list[dict]]],
             raise SystemExit(f"error: --rollouts {args.rollouts}: its advantages were made with {', '.join(differ)}, "
                              "which this run's flags do not say: give train.py those flags, or reward.py's input "
                              "(train.py then makes the advantages itself)")
-    else:
-        trajectories = rewards.add_rewards(trajectories, args.reward)
+    trajectories = rewards.add_rewards(trajectories, args.reward, truncation(args))  # the same, but for masking
     try:
         turn_samples(trajectories)
     except ValueError as error:
@@ -681,7 +692,7 @@ def cut_log(log_path: Path, steps: int) -> None:
 class Rollouts:
     """One step's rollouts as this rank sees them."""
     trajectories: list[dict]  # this rank's, rewarded
-    samples: int  # turn-samples of the whole step, over all ranks
+    samples: int  # turn-samples of the whole step, over all ranks, that count in the normaliser (not evaluated: not)
     tasks: list[str]  # the step's task ids
     seconds: dict[str, float]  # generating, building and checking kernels (generate.run_turns); offline none
 
@@ -692,8 +703,7 @@ def step_rollouts(args: TrainConfig, run: Run, step: int) -> Rollouts:
     if run.plan is not None:
         groups = run.plan[step]
         return Rollouts([t for group in groups[rank::world] for t in group],
-                        sum(len(t["turns"]) for group in groups for t in group), [group[0]["task"] for group in groups],
-                        {})
+                        scored_turns([t for group in groups for t in group]), [group[0]["task"] for group in groups], {})
     picked = pick_tasks(list(run.tasks), args.tasks_per_step, args.seed, step)
     my_tasks = [run.tasks[task_id] for task_id in picked[rank::world]]
     records = [{"task": task.id, "trajectory": k, "turns": []} for task in my_tasks for k in range(args.n_trajectories)]
@@ -704,8 +714,8 @@ def step_rollouts(args: TrainConfig, run: Run, step: int) -> Rollouts:
         seconds = run_turns(records, record_tasks, generator, run.eval_config, turns=args.turns,
                             seed=f"{args.seed}/{step}", device=args.device, context_budget=args.context_budget,
                             overlap=args.overlap)
-    return Rollouts(rewards.add_rewards(records, args.reward), args.tasks_per_step * args.n_trajectories * args.turns,
-                    picked, seconds)
+    rewarded = rewards.add_rewards(records, args.reward, truncation(args))
+    return Rollouts(rewarded, sum(gather_object([scored_turns(rewarded)])), picked, seconds)
 
 
 LOSS_TOTALS = ("loss", "tokens", "clipped", "entropy", "kl")  # summed over every update's micro-batches
@@ -724,15 +734,12 @@ class Update:
 
 def samples_to_train_on(args: TrainConfig, rollouts: Rollouts) -> tuple[list[Sample], int, int]:
     """(this rank's turn-samples, those of the whole step that count in the loss's normaliser, the samples this
-    rank dropped): --filter-zero-std drops groups without advantage, --mask-truncated keeps truncated replies in
-    the normaliser but out of the loss."""
+    rank dropped): --filter-zero-std drops groups without advantage, from the normaliser as well."""
     trajectories, counted, dropped = rollouts.trajectories, rollouts.samples, 0
     if args.filter_zero_std:
         trajectories = rewards.drop_zero_advantage_groups(trajectories, args.reward.group_by)
         dropped = sum(len(r["turns"]) for r in rollouts.trajectories) - sum(len(r["turns"]) for r in trajectories)
         counted -= sum(gather_object([dropped]))
-    if args.mask_truncated:
-        trajectories = drop_truncated(trajectories, args.max_tokens)
     return turn_samples(trajectories), counted, dropped
 
 
@@ -818,7 +825,7 @@ def log_step(args: TrainConfig, run: Run, step: Step) -> dict:
                "train/loss": totals["loss"] / (world * args.updates_per_batch),
                "train/clip_ratio": totals["clipped"] / tokens, "train/entropy": totals["entropy"] / tokens,
                "train/kl": totals["kl"] / tokens, "train/grad_norm": sum(grad_norms) / len(grad_norms),
-               "train/zero_std_dropped": totals["dropped"] / step.rollouts.samples,
+               "train/zero_std_dropped": totals["dropped"] / max(step.rollouts.samples, 1),
                "train/lr": step.update.lr, **{f"time/{name}_s": seconds for name, seconds in step.seconds.items()},
                **step.update.memory}
     if totals["sampled"]:  # sampler against trainer before the update, over the tokens with sampling log-probs

@@ -193,7 +193,8 @@ def build_feedback(outcome: dict, *, build_root: str, candidate_path: str, timeo
 
 def _feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s: float, rules: str) -> dict:
     if "no_room" in outcome:
-        return make_result("runtime_error", f"Not evaluated (no fault of the kernel's): {outcome['no_room']}.")
+        return make_result("runtime_error", f"Not evaluated (no fault of the kernel's): {outcome['no_room']}.",
+                           not_evaluated=True)
     if outcome.get("timeout"):
         return make_result("timeout", f"Timeout: the kernel did not finish within {timeout_s:.0f} s "
                            "(an infinite loop, a deadlock, or far too slow).")

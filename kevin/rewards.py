@@ -75,19 +75,22 @@ def discounted_returns(scores: list[float], gamma: float = RewardConfig.gamma,
 
 
 def normalise(returns: list[float], eps: float = RewardConfig.eps) -> list[float]:
-    """(R - mean) / (std + eps) with the population std (divide by n, as GRPO does)."""
+    """(R - mean) / (std + eps) with the sample std (divide by n - 1), as TRL's and verl's GRPO take it."""
     if not returns:
         return []
     if max(returns) == min(returns):  # exact zeros, not rounding noise divided by eps
         return [0.0] * len(returns)
     mean = sum(returns) / len(returns)
-    std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
+    std = math.sqrt(sum((r - mean) ** 2 for r in returns) / (len(returns) - 1))
     return [(r - mean) / (std + eps) for r in returns]
 
 
 def leave_one_out(returns: list[float]) -> list[float]:
-    """R_i - mean of the other returns: a baseline that does not hold the sample itself (RLOO, no std)."""
-    if max(returns, default=0.0) == min(returns, default=0.0):  # exact zeros; a lone sample has no baseline
+    """R_i - mean of the other returns: a baseline that does not hold the sample itself (RLOO, no std). A sample
+    alone in its group has no other to compare with: its advantage is its return, as TRLOO (KernelGYM) takes it."""
+    if len(returns) == 1:
+        return list(returns)
+    if max(returns, default=0.0) == min(returns, default=0.0):  # exact zeros
         return [0.0] * len(returns)
     total, others = sum(returns), len(returns) - 1
     return [r - (total - r) / others for r in returns]
@@ -116,18 +119,33 @@ def trajectory_scores(trajectory: dict, config: RewardConfig) -> list[float]:
     return scores
 
 
-def add_rewards(trajectories: list[dict], config: RewardConfig = RewardConfig()) -> list[dict]:
+def judged_turns(trajectory: dict) -> int:
+    """How many of its turns, from the first, have a verdict on the kernel: a turn the evaluator could not evaluate
+    (`not_evaluated`: no room for it, no fault of the kernel's) has no score, and the turns after it, prompted with
+    that feedback, no place in the returns."""
+    return next((t for t, turn in enumerate(trajectory["turns"]) if turn["eval"].get("not_evaluated")),
+                len(trajectory["turns"]))
+
+
+def add_rewards(trajectories: list[dict], config: RewardConfig = RewardConfig(), left_out=None) -> list[dict]:
     """Copies of the trajectories whose turns carry "score", "return" and "advantage", each naming the settings
-    that made them (`rewarded_with`: a later stage given other flags can tell)."""
+    that made them (`rewarded_with`: a later stage given other flags can tell). Turns that are no sample of the
+    policy's reward get None: from the first not evaluated on (`judged_turns`: none of them has a score), and those
+    `left_out(turn)` names (train.py's truncated replies under --mask-truncated: scored, but out of the loss and
+    so out of their group's baseline)."""
     out = []
     groups = defaultdict(list)  # key -> [(trajectory index, turn index)]
     for i, trajectory in enumerate(trajectories):
-        scores = trajectory_scores(trajectory, config)
+        judged = judged_turns(trajectory)
+        scores = trajectory_scores({**trajectory, "turns": trajectory["turns"][:judged]}, config)
         returns = discounted_returns(scores, config.gamma, config.return_mode)
-        turns = [{**turn, "score": s, "return": r} for turn, s, r in zip(trajectory["turns"], scores, returns)]
+        turns = [{**turn, "score": s, "return": r, "advantage": None}
+                 for turn, s, r in zip(trajectory["turns"], scores, returns)]
+        turns += [{**turn, "score": None, "return": None, "advantage": None} for turn in trajectory["turns"][judged:]]
         out.append({**trajectory, "turns": turns, "rewarded_with": asdict(config)})
-        for t in range(len(turns)):
-            groups[group_key(i, trajectory["task"], t, config.group_by)].append((i, t))
+        for t in range(judged):
+            if left_out is None or not left_out(turns[t]):
+                groups[group_key(i, trajectory["task"], t, config.group_by)].append((i, t))
     for members in groups.values():
         returns = [out[i]["turns"][t]["return"] for i, t in members]
         advantages = normalise(returns, config.eps) if config.baseline == "group" else leave_one_out(returns)
@@ -142,7 +160,7 @@ def drop_zero_advantage_groups(trajectories: list[dict], group_by: str) -> list[
     keys = [[group_key(i, trajectory["task"], t, group_by) for t in range(len(trajectory["turns"]))]
             for i, trajectory in enumerate(trajectories)]
     informative = {key for trajectory, row in zip(trajectories, keys)
-                   for turn, key in zip(trajectory["turns"], row) if turn["advantage"] != 0}
+                   for turn, key in zip(trajectory["turns"], row) if turn["advantage"] not in (0, None)}
     return [{**trajectory, "turns": [turn for turn, key in zip(trajectory["turns"], row) if key in informative]}
             for trajectory, row in zip(trajectories, keys)]
 

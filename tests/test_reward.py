@@ -85,15 +85,19 @@ def test_unknown_mode_is_refused():
         discounted_returns([1.0], mode="mean")
 
 
-def test_normalise_uses_population_std():
-    # mean 1, population std 1 (the sample std would be sqrt 2)
-    assert normalise([0.0, 2.0], eps=0.0) == pytest.approx([-1.0, 1.0])
-    assert normalise([0.0, 2.0], eps=1e-6) == pytest.approx([-1 / 1.000001, 1 / 1.000001], rel=1e-12)
+def test_normalise_uses_the_sample_std_as_trl_and_verl():
+    # mean 1, sample std sqrt 2 (the population std would be 1)
+    r = math.sqrt(2)
+    assert normalise([0.0, 2.0], eps=0.0) == pytest.approx([-1 / r, 1 / r])
+    assert normalise([0.0, 2.0], eps=1e-6) == pytest.approx([-1 / (r + 1e-6), 1 / (r + 1e-6)], rel=1e-12)
+    torch = pytest.importorskip("torch")  # torch.std's default, which TRL and verl take
+    returns = torch.tensor([0.3, 1.2, 0.0, 2.5])
+    assert normalise(returns.tolist(), eps=0.0) == pytest.approx(((returns - returns.mean()) / returns.std()).tolist())
 
 
 def test_normalise_matches_hand_computation_on_four_values():
-    # mean 2.5, variance 1.25
-    s = math.sqrt(1.25)
+    # mean 2.5, sample variance 5 / 3
+    s = math.sqrt(5 / 3)
     assert normalise([1.0, 2.0, 3.0, 4.0], eps=0.0) == pytest.approx([-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s])
 
 
@@ -106,8 +110,8 @@ def test_group_by_task_pools_trajectories_of_different_lengths():
     out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, group_by="task"))
     assert [[t["score"] for t in x["turns"]] for x in out] == [[0.0, 2.0], [1.0], [0.0, 0.0]]
     assert [[t["return"] for t in x["turns"]] for x in out] == [[1.0, 2.0], [1.0], [0.0, 0.0]]
-    # task A returns [1, 2, 1]: mean 4/3, population std sqrt(2)/3, eps 1e-6
-    std = math.sqrt(2) / 3 + 1e-6
+    # task A returns [1, 2, 1]: mean 4/3, sample std 1/sqrt(3), eps 1e-6
+    std = 1 / math.sqrt(3) + 1e-6
     assert advantages(out)[:2] == [pytest.approx([-1 / 3 / std, 2 / 3 / std]), pytest.approx([-1 / 3 / std])]
     assert advantages(out)[2] == [0.0, 0.0]  # task B: a zero-std group
 
@@ -120,8 +124,8 @@ def test_group_by_task_turn_normalises_each_turn_apart():
 
 def test_group_by_trajectory_normalises_within_each_trajectory():
     out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, group_by="trajectory"))
-    # trajectory 0 returns [1, 2]: mean 1.5, population std 0.5
-    half = 0.5 / (0.5 + 1e-6)
+    # trajectory 0 returns [1, 2]: mean 1.5, sample std sqrt(0.5)
+    half = 0.5 / (math.sqrt(0.5) + 1e-6)
     assert advantages(out) == [pytest.approx([-half, half]), [0.0], [0.0, 0.0]]
 
 
@@ -131,18 +135,44 @@ def test_leave_one_out_subtracts_the_mean_of_the_other_returns():
     assert leave_one_out([0.0, 4.0]) == [-4.0, 4.0]  # no std: the returns' own scale
 
 
-def test_leave_one_out_gives_exact_zeros_to_equal_returns_and_to_a_lone_sample():
+def test_leave_one_out_gives_exact_zeros_to_equal_returns_and_a_lone_sample_its_return():
     assert leave_one_out([0.1, 0.1, 0.1]) == [0.0, 0.0, 0.0]  # (0.3 - 0.1) / 2 would round to 0.10000000000000002
-    assert leave_one_out([7.0]) == [0.0]
+    assert leave_one_out([7.0]) == [7.0]  # TRLOO (KernelGYM): no other sample, no baseline
 
 
 def test_leave_one_out_baseline_uses_the_groups_of_group_by():
     out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, baseline="leave-one-out"))
     # task A returns [1, 2] and [1]: 1 - (2 + 1) / 2, 2 - (1 + 1) / 2, 1 - (1 + 2) / 2; task B all zero
     assert advantages(out) == [[-0.5, 1.0], [-0.5], [0.0, 0.0]]
-    # per task and turn (Dr. Kernel's TRLOO): A turn 1 returns [1, 1], A turn 2 a lone sample, B zero
+    # per task and turn (Dr. Kernel's TRLOO): A turn 1 returns [1, 1], A turn 2 a lone sample (its return), B zero
     out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, baseline="leave-one-out", group_by="task-turn"))
-    assert advantages(out) == [[0.0, 0.0], [0.0], [0.0, 0.0]]
+    assert advantages(out) == [[0.0, 2.0], [0.0], [0.0, 0.0]]
+
+
+def test_a_turn_left_out_has_no_advantage_and_no_place_in_its_groups_baseline():
+    """train.py's truncated replies under --mask-truncated: scored, so earlier turns' returns hold them, but out of
+    the loss and out of the baseline of the samples that are in it."""
+    cut = lambda turn: turn["reply"] is TASK_A0["turns"][1]["reply"]  # noqa: E731  A0's second turn
+    out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, baseline="leave-one-out"), left_out=cut)
+    assert [t["return"] for t in out[0]["turns"]] == [1.0, 2.0]  # its score still counts in turn 1's return
+    # task A's group is now A0's turn 1 and A1's: returns 1 and 1
+    assert advantages(out) == [[0.0, None], [0.0], [0.0, 0.0]]
+
+
+def test_turns_from_the_first_not_evaluated_have_no_reward_and_no_place_in_a_group():
+    """A kernel the evaluator had no room for is no fault of the policy's: no score, and the turns after it (whose
+    prompts quote that feedback) have none either; the turns before it are credited for what they led to."""
+    unjudged = {"status": "runtime_error", "correct": False, "speedup": None, "not_evaluated": True}
+    a0 = trajectory("A", 0, ev(True, 1.5), unjudged, ev(True, 3.5))
+    a1 = trajectory("A", 1, ev(False), ev(True, 0.5))
+    out = add_rewards([a0, a1], SMALL)
+    assert [(t["score"], t["return"]) for t in out[0]["turns"]] == [(2.0, 2.0), (None, None), (None, None)]
+    assert [t["return"] for t in out[1]["turns"]] == [0.5, 1.0]
+    # task A's group: returns [2, 0.5, 1], mean 7/6; the unjudged turns have no advantage
+    mean = 7 / 6
+    std = math.sqrt(((2 - mean) ** 2 + (0.5 - mean) ** 2 + (1 - mean) ** 2) / 2) + 1e-6
+    assert advantages(out) == [pytest.approx([(2 - mean) / std, None, None]),
+                               pytest.approx([(0.5 - mean) / std, (1 - mean) / std])]
 
 
 def test_zero_advantage_groups_are_dropped_and_the_rest_kept():
@@ -153,7 +183,7 @@ def test_zero_advantage_groups_are_dropped_and_the_rest_kept():
     out = add_rewards([d0, d1], replace(SMALL, group_by="task-turn"))
     kept = drop_zero_advantage_groups(out, "task-turn")
     assert [[turn["turn"] for turn in t["turns"]] for t in kept] == [[0], [0]]
-    one = 0.375 / (0.375 + 1e-6)  # turn 1: mean 1.125, population std 0.375
+    one = 0.375 / (0.375 * math.sqrt(2) + 1e-6)  # turn 1: mean 1.125, sample std 0.375 sqrt 2
     assert [t["turns"][0]["advantage"] for t in kept] == pytest.approx([-one, one])
 
 
@@ -193,7 +223,7 @@ def test_cli_reads_stdin_and_honours_return_mode_and_group_by():
                      stdin=json.dumps(TASK_A0) + "\n\n")
     assert result.returncode == 0, result.stderr
     (out,) = [json.loads(line) for line in result.stdout.splitlines()]
-    half = 0.5 / (0.5 + 1e-6)  # returns [1, 2]: mean 1.5, population std 0.5
+    half = 0.5 / (math.sqrt(0.5) + 1e-6)  # returns [1, 2]: mean 1.5, sample std sqrt(0.5)
     assert [(t["return"], t["advantage"]) for t in out["turns"]] == [(1.0, pytest.approx(-half)), (2.0, pytest.approx(half))]
 
 

@@ -214,10 +214,79 @@ def test_is_correction_takes_the_trainers_logprobs_as_old_and_weights_each_token
     assert stats["over_cap"].item() == (1 if cap == 1.5 else 0)
 
 
-def test_truncated_replies_are_dropped_and_the_others_kept():
-    record = {"task": "t", "turns": [{"reply": {"token_ids": [1, 2, 3]}}, {"reply": {"token_ids": [1, 2, 3, 4]}}]}
-    assert train.drop_truncated([record], 4) == [{"task": "t", "turns": [{"reply": {"token_ids": [1, 2, 3]}}]}]
-    assert train.drop_truncated([record], 5) == [record]
+def test_later_updates_see_the_pre_update_policy_as_old(tmp_path, rollouts):
+    """The trainer's log-probs of the first pass are kept as the old policy's: in the second update of a step the
+    ratios of samples without sampling log-probs move off 1 and a narrow clip binds. Were they computed afresh
+    each update, every such ratio would be exactly 1 and nothing ever clipped."""
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    for record in records:
+        for turn in record["turns"]:
+            turn["reply"]["logprobs"] = None  # the trainer's own stand in
+    no_sampler = tmp_path / "no_sampler.jsonl"
+    no_sampler.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run_train(*offline_args(no_sampler, tmp_path / "run"), "--steps", "1", "--updates-per-batch", "2",
+              "--eps-low", "0.001", "--eps-high", "0.001")
+    assert read_log(tmp_path / "run")[0]["train/clip_ratio"] > 0
+
+
+def test_the_zero_std_filter_takes_its_groups_out_of_the_normaliser():
+    """Dr. GRPO's constant counts the step's turn-samples; those of the groups the filter drops are no longer in it."""
+    def turn(advantage: float) -> dict:
+        return {"prompt": {"token_ids": [1]}, "reply": {"token_ids": [2], "logprobs": None}, "score": 0.0,
+                "advantage": advantage}
+    trajectories = [{"task": "flat", "trajectory": 0, "turns": [turn(0.0), turn(0.0)]},
+                    {"task": "moving", "trajectory": 0, "turns": [turn(1.0), turn(-1.0)]}]
+    rollouts = train.Rollouts(trajectories, 4, ["flat", "moving"], {})
+    samples, counted, dropped = train.samples_to_train_on(train.TrainConfig(filter_zero_std=True), rollouts)
+    assert (len(samples), counted, dropped) == (2, 2, 2)
+    samples, counted, dropped = train.samples_to_train_on(train.TrainConfig(), rollouts)
+    assert (len(samples), counted, dropped) == (4, 4, 0)
+
+
+def test_mask_truncated_takes_cut_replies_out_of_the_loss(tmp_path, rollouts):
+    """Replies that reached --max-tokens get no advantage in the step's trajectories, so no sample; without the
+    flag they train like any other."""
+    lengths = sorted({len(turn["reply"]["token_ids"]) for line in rollouts.read_text().splitlines()
+                      for turn in json.loads(line)["turns"]})
+    assert len(lengths) > 1, "the file's replies must differ in length for this test"
+    longest = lengths[-1]
+    flags = ["--model", "tiny", "--rollouts", str(rollouts), "--out", str(tmp_path), "--max-tokens", str(longest)]
+    for masked in (True, False):
+        plan, _ = train.offline_plan(train.parse_args(flags + ["--mask-truncated"] * masked), 1)
+        turns = [turn for step in plan for group in step for record in group for turn in record["turns"]]
+        cut = [len(turn["reply"]["token_ids"]) >= longest for turn in turns]
+        assert any(cut) and not all(cut)
+        assert [turn["advantage"] is None for turn in turns] == (cut if masked else [False] * len(turns))
+        assert len(train.turn_samples([{"task": "t", "turns": turns}])) == len(turns) - masked * sum(cut)
+
+
+def test_a_kernel_not_evaluated_trains_nothing_and_is_counted_apart(tmp_path, rollouts):
+    """The evaluator had no room for a trajectory's first kernel (no fault of the policy's): that turn and the next
+    have no advantage, leave the loss's normaliser and the step's means, and the log counts them."""
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    records[0]["turns"][0]["eval"] = {"status": "runtime_error", "compiled": True, "correct": False, "speedup": None,
+                                      "feedback": "Not evaluated (no fault of the kernel's): ...", "not_evaluated": True}
+    unjudged = tmp_path / "unjudged.jsonl"
+    unjudged.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = train.parse_args(["--model", "tiny", "--rollouts", str(unjudged), "--out", str(tmp_path / "run"),
+                             "--tasks-per-step", str(len(records))])
+    (step,), _ = train.offline_plan(args, 1)
+    trajectories = [record for group in step for record in group]
+    first = next(r for r in trajectories if (r["task"], r["trajectory"]) == (records[0]["task"], 0))
+    assert [turn["advantage"] for turn in first["turns"]] == [None, None]
+    total = sum(len(r["turns"]) for r in trajectories)
+    assert train.scored_turns(trajectories) == len(train.turn_samples(trajectories)) == total - 2
+    metrics = train.rollout_metrics(train.rollout_rows(trajectories), "Attempt", 64)
+    assert metrics["reward/not_evaluated"] == 2
+    judged = [turn for r in trajectories for turn in r["turns"] if turn["score"] is not None]
+    assert metrics["reward/correct"] == pytest.approx(sum(t["eval"]["correct"] for t in judged) / len(judged))
+
+
+def test_truncated_replies_are_named_only_under_mask_truncated():
+    cut, whole = {"reply": {"token_ids": [1, 2, 3, 4]}}, {"reply": {"token_ids": [1, 2, 3]}}
+    truncated = train.truncation(train.TrainConfig(mask_truncated=True, max_tokens=4))
+    assert truncated(cut) and not truncated(whole)
+    assert train.truncation(train.TrainConfig(max_tokens=4)) is None
 
 
 def test_the_recipe_flags_run_offline_and_log_what_they_drop_and_the_mismatch(tmp_path, rollouts):
