@@ -144,7 +144,10 @@ def token_progress(max_tokens: int, replies: int, show: bool):
 
 
 class VLLMBackend(ChatTokens):
-    """Offline `vllm.LLM`; prompts go in as token ids so the recorded ids are exactly what the model saw."""
+    """Offline `vllm.LLM`; prompts go in as token ids so the recorded ids are exactly what the model saw. Its
+    SamplingParams are made here, temperature alone: the checkpoint's generation_config reaches them only through
+    `LLM.get_default_sampling_params`, which nothing here calls, so replies are sampled from exactly the
+    distribution the trainer scores."""
 
     def __init__(self, model: str, temperature: float, max_tokens: int, tensor_parallel_size: int,
                  memory_utilization: float, seed: int, progress: bool = False, **engine_args):
@@ -201,7 +204,14 @@ def post_json(url: str, body: dict, api_key: str | None, retries: int, timeout_s
 
 
 class OpenAIBackend:
-    """Any OpenAI-compatible /chat/completions endpoint, over the standard library, many requests at once."""
+    """Any OpenAI-compatible /chat/completions endpoint, over the standard library, many requests at once.
+
+    Requests ask for plain sampling at the temperature with the API's own fields (top_p 1, no presence or frequency
+    penalty), so that a server's defaults for them do not apply. What the API has no field for cannot be asked: a
+    vLLM server started with `--generation-config auto` (its default) applies the checkpoint's top-k, min-p and
+    repetition penalty to requests that do not name them; start it with `--generation-config vllm` for the
+    distribution the other backends sample. (train.py's vllm-server backend, which knows its server is vLLM, sends
+    those fields switched off: kevin/vllm_sync.py.)"""
 
     TIMEOUT_S = 3600  # one long reasoning reply can take many minutes
 
@@ -218,8 +228,9 @@ class OpenAIBackend:
         return sum(len(m["content"]) for m in messages) // 4  # an estimate: ~4 characters per token
 
     def complete(self, messages: list[dict], seed: int) -> Reply:
-        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                "max_tokens": self.max_tokens, "seed": seed, "logprobs": True}
+        body = {"model": self.model, "messages": messages, "temperature": self.temperature, "top_p": 1.0,
+                "presence_penalty": 0.0, "frequency_penalty": 0.0, "max_tokens": self.max_tokens, "seed": seed,
+                "logprobs": True}
         choice = post_json(self.url, body, self.api_key, self.retries, self.TIMEOUT_S)["choices"][0]
         message = choice["message"]
         text = message.get("content") or ""

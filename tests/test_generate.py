@@ -411,7 +411,8 @@ def test_openai_backend_retries_keeps_order_and_rejoins_reasoning():
     assert replies[0].logprobs == [-0.5, -1.5] and replies[0].token_ids is None
     assert len(ChatServer.bodies) == 3  # the failed request was sent again
     assert ChatServer.bodies[1] == {"model": "some-model", "messages": [{"role": "user", "content": "a"}],
-                                    "temperature": 0.9, "max_tokens": 100, "seed": 7, "logprobs": True}
+                                    "temperature": 0.9, "top_p": 1.0, "presence_penalty": 0.0,
+                                    "frequency_penalty": 0.0, "max_tokens": 100, "seed": 7, "logprobs": True}
     assert set(ChatServer.headers_seen) == {"Bearer KEY"}
 
 
