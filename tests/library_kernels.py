@@ -10,6 +10,9 @@ symbols and marks the entries STO_ENTRY (cuobjdump 13.2 on nvcc 13.0's output):
 
 (a `__device__` function is STT_FUNC with STO_DEFAULT: not an entry). A name is Itanium-mangled, or as written
 for an `extern "C"` kernel; base_name reads from it the namespaces and the name that the profiler shows.
+
+The evaluator reads no library: it checks the source's names. This is the tests' reading of what was built, which
+tests/test_static_rules.py holds those names to.
 """
 from __future__ import annotations
 

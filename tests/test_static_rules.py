@@ -1,5 +1,5 @@
 """kevin/static_rules.py: the native rules read code, not comments; macro-stamped kernels; the candidate's own torch ops.
-kevin/library_kernels.py: the kernels a built library holds, which the source's names must agree with.
+tests/library_kernels.py: the kernels a built library holds, which the source's names must agree with.
 
 Each candidate here is a whole solution file, as a model would write it, judged by static_check or kernel_names.
 The libraries are real: nvcc builds them (no torch headers, seconds), cuobjdump reads them."""
@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from kevin.library_kernels import base_name, cuobjdump, kernel_symbols, kernels_in_library
 from kevin.static_rules import kernel_names, native_text, static_check
+from library_kernels import base_name, cuobjdump, kernel_symbols, kernels_in_library
 
 
 def candidate(cuda: str, prelude: str = "", forward: str = "return ext.k(x)") -> str:
@@ -357,5 +357,5 @@ def test_a_library_without_device_code_has_no_kernels_and_one_that_is_missing_is
 def test_without_cuobjdump_the_library_is_unread(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
-    monkeypatch.setattr("kevin.library_kernels.sysconfig.get_paths", lambda: {"purelib": str(tmp_path)})
+    monkeypatch.setattr("library_kernels.sysconfig.get_paths", lambda: {"purelib": str(tmp_path)})
     assert kernels_in_library(tmp_path / "k.so") is None
