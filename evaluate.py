@@ -22,8 +22,9 @@ Pipeline, per call of `evaluate(records)` (or per submission to an `Evaluator`, 
 
 This file is the command line; the evaluator itself (config, feedback, the scheduler `Evaluator`) is
 kevin/evaluator.py, which the other stages share, and its machinery lives in helper modules named for what they do: kevin/static_rules.py (parsing and
-the static rules), kevin/judge.py (the verdict), kevin/run_child.py (the runner: the candidate's process, its timer and
-profiler), kevin/tensor_exchange.py (the outputs between them), kevin/eval_children.py (the children's settings and what
+the static rules), kevin/judge.py (the verdict), kevin/runner.py (the runner: the candidate's process),
+kevin/harness.py (what both run: the timer, the profiler), kevin/tensor_exchange.py (the outputs between them),
+kevin/eval_children.py (the children's settings and what
 their output comes down to),
 kevin/eval_records.py (the JSONL in and out, and what a resumed run goes on from), kevin/config_flags.py (one flag per
 EvalConfig field), kevin/build_cache.py and kevin/isolation.py; none imports this one.

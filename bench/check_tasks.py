@@ -17,7 +17,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kevin import evaluator as ev
 from kevin.tasks import index_tasks
-from kevin.run_child import flatten_outputs, import_file  # noqa: E402
+from kevin.harness import flatten_outputs, import_file  # noqa: E402
 
 
 def check_task(path: Path, device: str, atol: float = 1e-2, rtol: float = 1e-2) -> list[str]:

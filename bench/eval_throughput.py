@@ -45,7 +45,7 @@ sys.path.insert(0, str(TREE))
 import evaluate as ev  # noqa: E402
 
 try:
-    from kevin.run_child import import_file  # noqa: E402
+    from kevin.harness import import_file  # noqa: E402
 except ImportError:  # an older tree's evaluate.py had it
     from evaluate import import_file  # noqa: E402
 

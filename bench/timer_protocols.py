@@ -4,7 +4,7 @@ phase interleaved so that drift hits them alike:
   idle        the GPU drained before the call, CUDA events around it: what KernelBench measures
   queued      the flush still running when the call is launched: the host's launch latency hides behind
               the flush
-  timer       evaluate.py's timer (run_child.make_timer): queued, with a device-wide synchronize after the
+  timer       evaluate.py's timer (harness.make_timer): queued, with a device-wide synchronize after the
               closing event and the host's clock around both
 then, with the kernel log on (torch.profiler, CPU and CUDA activity, as in every defended call), `idle`
 and `timer` again, and `timer` under CUDA activity alone (CUPTI's tracing, whose cost is on the GPU itself).
@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kevin import evaluator as ev
 from kevin.tasks import index_tasks, resolve_task
-from kevin.run_child import KernelLog, flush_buffer, import_file, make_timer  # noqa: E402
+from kevin.harness import KernelLog, flush_buffer, import_file, make_timer  # noqa: E402
 
 TASKS = ["level1/7_ReLU", "level1/9_Swish", "level1/17_Softmax", "level1/20_RMSNorm",
          "level1/25_MSELoss_PerSample", "level1/1_Square_Matmul"]

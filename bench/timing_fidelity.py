@@ -35,7 +35,7 @@ def clean_times(task: str, candidate: str, device: str, calls: int, threads: int
     on as many threads as the evaluator gives it."""
     import torch
 
-    from kevin.run_child import import_file
+    from kevin.harness import import_file
 
     torch.set_num_threads(threads)
     module, new = import_file(task, "task"), import_file(candidate, "candidate")

@@ -12,6 +12,8 @@ tells the child which verified library to load. The flags a candidate passes rea
 each must be one plain argument, or the request is refused before anything is compiled (`refused_argument`).
 The light headers shared by every build with the same flags are written by the evaluator, and their precompiled
 header by a compile child that may write nothing else; each is checked before every build that uses it.
+A build child's job is `build_candidate`: importing the candidate, so that its load_inline calls have
+every extension built (or find it built) before its runner imports it.
 Nothing here imports torch.utils.cpp_extension at import time: a forked child that has imported it cannot
 use CUDA.
 """
@@ -29,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 HEAVY_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"]', re.M)
@@ -196,6 +199,16 @@ def load_from_cache(ask) -> None:
         return module
 
     cpp_ext.load_inline = load_inline
+
+
+def build_candidate(payload: dict) -> dict:
+    """The build child's job: import the candidate, whose load_inline has the evaluator build its extensions (or
+    finds them built)."""
+    from kevin.harness import import_file
+
+    start = time.perf_counter()
+    import_file(payload["candidate"], "candidate")
+    return {"seconds": time.perf_counter() - start}
 
 
 def compile_extension(payload: dict) -> dict:

@@ -3,7 +3,7 @@
 
 It reads in the order a candidate goes: the config, the tolerances, the feedback, then the scheduler
 (`Evaluator`): every distinct candidate is built in a child process from a pool sized to the cores (through
-kevin/build_cache.py), then judged on its GPU by a fresh judge/runner pair (kevin/judge.py, kevin/run_child.py),
+kevin/build_cache.py), then judged on its GPU by a fresh judge/runner pair (kevin/judge.py, kevin/runner.py),
 each pair set up while the ones before it run. What happens where, and why, is in evaluate.py's docstring."""
 from __future__ import annotations
 
@@ -30,14 +30,14 @@ require("torch")
 import torch
 
 from kevin import sandbox
-from kevin.build_cache import BuildCache, compile_extension
+from kevin.build_cache import BuildCache, build_candidate, compile_extension
 from kevin.config_flags import AT_LEAST_1, NOT_NEGATIVE, POSITIVE, SHARE, check, one_of
 from kevin.eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
 from kevin.isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
                              start_fork_server, stop_child, stop_child_later, stop_every_child)
 from kevin.tasks import index_tasks, resolve_task
 from kevin.judge import FLOOR_SLACK_MS, judge
-from kevin.run_child import build_candidate, run
+from kevin.runner import run
 from kevin.static_rules import RULE_PROFILES, extract_code, kernel_names, rejection, static_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ class EvalConfig:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The tolerances the judge compares with (kevin/judge.py decides; kevin/run_child.py runs the candidate)
+# The tolerances the judge compares with (kevin/judge.py decides; kevin/runner.py runs the candidate)
 
 
 def tolerances(cfg: EvalConfig) -> dict[str, list[float]]:

@@ -3,7 +3,7 @@
 A candidate is code from a policy optimised to get paid; whatever shares its process, it can reach (a module
 attribute replaced, a C function's method table swapped, the process's own memory rewritten through
 /proc/self/mem). So the verdict is decided here, in a process that never imports candidate code, and the
-candidate's process (the runner, run_child.py) only runs it:
+candidate's process (the runner, runner.py) only runs it:
 
 - the judge imports the task, builds the reference, and draws every input from its own unknowable random
   state; it writes a call's inputs into the memory it shares with the runner (tensor_exchange.py) just before
@@ -42,8 +42,8 @@ import time
 
 import torch
 
-from kevin.run_child import (NEUTRAL_KERNEL, busy_ms, flatten_outputs, flush_buffer, identical, is_own_kernel,
-                             make_timer, peak_resident_bytes, start_task)
+from kevin.harness import (NEUTRAL_KERNEL, busy_ms, flatten_outputs, flush_buffer, identical, is_own_kernel,
+                           make_timer, peak_resident_bytes, start_task)
 from kevin.tensor_exchange import Arena
 
 # An output whose error is this share of the reference's own magnitude (root mean square) or more is not the

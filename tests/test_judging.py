@@ -22,7 +22,7 @@ from kevin import prompts
 from kevin import judge
 from kevin.backends import Reply
 from kevin.static_rules import RULE_PROFILES
-from kevin import run_child
+from kevin import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -231,7 +231,7 @@ def test_copy_parameters_copies_only_shapes_that_match_once_on_each_side():
     candidate = torch.nn.Module()
     candidate.w = torch.nn.Parameter(torch.zeros(3, 4))
     candidate.square = torch.nn.Parameter(torch.zeros(3, 3))  # three (3, 3) weights to choose from: ambiguous
-    assert run_child.copy_parameters(reference, candidate) == 1
+    assert runner.copy_parameters(reference, candidate) == 1
     assert torch.equal(candidate.w, reference[0].weight) and not candidate.square.any()
 
 

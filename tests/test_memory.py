@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kevin.judge import JUDGE_MEMORY, RUNNER_MEMORY, RUNNER_SPARE
-from kevin.run_child import FLUSH_BYTES
+from kevin.harness import FLUSH_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_HEAP_SLACK = 8
