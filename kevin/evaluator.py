@@ -36,7 +36,8 @@ from kevin.eval_children import child_settings, first_lines, last_frames, sandbo
 from kevin.isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
                              start_fork_server, stop_child, stop_child_later, stop_every_child)
 from kevin.tasks import index_tasks, resolve_task
-from kevin.judge import FLOOR_SLACK_MS, judge
+from kevin.judge import judge
+from kevin.judge_checks import FLOOR_SLACK_MS
 from kevin.runner import run
 from kevin.static_rules import RULE_PROFILES, extract_code, kernel_names, rejection, static_check
 

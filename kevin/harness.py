@@ -8,7 +8,7 @@ without one. The kernel log (`KernelLog`: torch's profiler, in the runner from b
 its last call) is read by the judge's checks (`busy_ms`, `is_own_kernel`, `NEUTRAL_KERNEL`). Both list a model's
 outputs alike (`flatten_outputs`) and compare them bitwise (`identical`).
 
-What only the runner does is in runner.py; what the judge decides, in judge.py.
+What only the runner does is in runner.py; what the judge decides, in judge.py and judge_checks.py.
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def make_timer(cuda: bool, flush: torch.Tensor | None, kernel_log: KernelLog | N
     twice). The flush is still running as the call is launched, as a busy GPU would be: the launch's latency
     is hidden behind it (about 20 µs a call on the H200, `bench/timer_protocols.py`), and the closing event
     waits for no round trip through the host (25 to 65 µs). Work on a side stream the current stream never
-    waited for is outside the events; the kernel log counts it in the logged calls (judge.py's `log_dodging`)."""
+    waited for is outside the events; the kernel log counts it in the logged calls (judge_checks.py's `log_dodging`)."""
     perf_counter = time.perf_counter
     if not cuda:
         def timed(fn, args: list, label: str) -> tuple[float, float, object]:

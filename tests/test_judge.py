@@ -1,5 +1,6 @@
-"""The judge's own arithmetic (kevin/judge.py): the comparison with its scale-aware check, the clocks it reads, the
-time it observes from outside the candidate's process, and the shared memory the runner answers through.
+"""The judge's own arithmetic (kevin/judge_checks.py): the comparison with its scale-aware check, the clocks it
+reads, the time it observes from outside the candidate's process; and from kevin/judge.py, the runner's CPU clock
+and its stop, the moved draws, and the shared memory the runner answers through.
 
 The numbers are made by hand; the processes these checks run in are exercised through the real command line
 in tests/test_evaluate.py (the adversarial candidates) and tests/test_judging.py."""
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from kevin import judge as jg
+from kevin import judge_checks as checks
 from kevin.tensor_exchange import Arena
 
 TOLERANCE = {"float32": [1e-2, 1e-2], "other": [1e-2, 1e-2]}
@@ -28,31 +30,31 @@ def test_zeros_under_a_tolerance_larger_than_every_value_are_incorrect():
     """A softmax over 65,536 columns: every value ~1.5e-5, far below atol = 1e-2, so allclose passes zeros."""
     reference = torch.softmax(torch.rand(4, 65536), dim=1)
     assert torch.allclose(torch.zeros_like(reference), reference, atol=1e-2, rtol=1e-2)
-    status, why, _, _ = jg._compare(taken(torch.zeros_like(reference)), reference, TOLERANCE)
+    status, why, _, _ = checks.compare(taken(torch.zeros_like(reference)), reference, TOLERANCE)
     assert status == "incorrect" and "of the order of the reference's own values" in why
-    assert jg._compare(taken(reference * (1 + 1e-3)), reference, TOLERANCE)[0] is None  # a real softmax passes
-    assert jg._compare(taken(torch.zeros(3)), torch.zeros(3), TOLERANCE)[0] is None  # zeros are right for zeros
+    assert checks.compare(taken(reference * (1 + 1e-3)), reference, TOLERANCE)[0] is None  # a real softmax passes
+    assert checks.compare(taken(torch.zeros(3)), torch.zeros(3), TOLERANCE)[0] is None  # zeros are right for zeros
 
 
 def test_shape_dtype_and_what_is_not_a_tensor_are_told_apart():
     reference = torch.ones(2, 3)
-    assert "shape mismatch" in jg._compare(taken(torch.ones(3, 2)), reference, TOLERANCE)[1]
-    assert "dtype mismatch" in jg._compare(taken(torch.ones(2, 3, dtype=torch.float64)), reference, TOLERANCE)[1]
-    assert jg._compare([{"type": "int"}], reference, TOLERANCE)[1] == "expected a tensor, got int"
-    status, why, _, _ = jg._compare([{"not_plain": "a Deferred (torch.strided)"}], reference, TOLERANCE)
+    assert "shape mismatch" in checks.compare(taken(torch.ones(3, 2)), reference, TOLERANCE)[1]
+    assert "dtype mismatch" in checks.compare(taken(torch.ones(2, 3, dtype=torch.float64)), reference, TOLERANCE)[1]
+    assert checks.compare([{"type": "int"}], reference, TOLERANCE)[1] == "expected a tensor, got int"
+    status, why, _, _ = checks.compare([{"not_plain": "a Deferred (torch.strided)"}], reference, TOLERANCE)
     assert status == "rejected" and why.startswith("[not-plain-tensor]")
     nan = torch.ones(2, 3)
     nan[0, 0] = float("nan")
-    assert jg._compare(taken(nan), reference, TOLERANCE)[1].startswith("[nan-output] 1 NaN/Inf")
+    assert checks.compare(taken(nan), reference, TOLERANCE)[1].startswith("[nan-output] 1 NaN/Inf")
 
 
 def test_repeats_compare_the_copies_taken_as_each_call_returned():
     """A buffer the candidate keeps and rewrites would compare equal to itself; the judge's copies do not."""
     first = torch.linspace(-1, 1, 1000)
-    assert jg._repeat_disagrees(taken(first), taken(first.clone()), 1e-5) is None
+    assert checks.repeat_disagrees(taken(first), taken(first.clone()), 1e-5) is None
     drifted = first.clone()
     drifted[17] += 1e-3
-    assert "differs from the first by up to 0.001" in jg._repeat_disagrees(taken(first), taken(drifted), 1e-5)
+    assert "differs from the first by up to 0.001" in checks.repeat_disagrees(taken(first), taken(drifted), 1e-5)
 
 
 def timed_calls(events_ms: float, wall_ms: float, kernel_ms: float, n: int = 5) -> tuple[list, dict, dict]:
@@ -64,15 +66,15 @@ def timed_calls(events_ms: float, wall_ms: float, kernel_ms: float, n: int = 5) 
 
 
 def test_clocks_that_agree_pass_even_when_a_loaded_host_lost_time_around_the_events():
-    assert jg.clock_mismatch(*timed_calls(0.30, 0.31, 0.29)) is None
-    assert jg.clock_mismatch(*timed_calls(0.02, 0.94, 0.003)) is None  # a yield in the synchronize
+    assert checks.clock_mismatch(*timed_calls(0.30, 0.31, 0.29)) is None
+    assert checks.clock_mismatch(*timed_calls(0.02, 0.94, 0.003)) is None  # a yield in the synchronize
 
 
 def test_events_shorter_than_the_kernels_inside_them_or_longer_than_the_wall_clock_are_faked():
-    assert jg.clock_mismatch(*timed_calls(0.025, 0.31, 0.29)).startswith(
+    assert checks.clock_mismatch(*timed_calls(0.025, 0.31, 0.29)).startswith(
         "[clock-mismatch] your timed calls take 0.025 ms by CUDA events")
-    assert jg.clock_mismatch(*timed_calls(0.06, 0.03, 0.02)).startswith("[clock-mismatch]")
-    assert jg.clock_mismatch(*timed_calls(0.0315, 0.03, 0.02)) is None  # within the events' resolution
+    assert checks.clock_mismatch(*timed_calls(0.06, 0.03, 0.02)).startswith("[clock-mismatch]")
+    assert checks.clock_mismatch(*timed_calls(0.0315, 0.03, 0.02)) is None  # within the events' resolution
 
 
 def test_reported_calls_may_be_faster_than_the_logged_calls_kernels_by_the_logs_cost_and_no_more():
@@ -88,14 +90,14 @@ def test_reported_calls_may_be_faster_than_the_logged_calls_kernels_by_the_logs_
 
     reported = lambda ms: [(f"candidate/{i}", ms, ms + 0.01) for i in range(0, 10, 2)]  # noqa: E731
     rows, windows = logged(("tanh_kernel", 2, 453))
-    assert jg.log_dodging(rows, reported(0.415), windows) is None
-    assert jg.log_dodging(rows, reported(0.257), windows).startswith(
+    assert checks.log_dodging(rows, reported(0.415), windows) is None
+    assert checks.log_dodging(rows, reported(0.257), windows).startswith(
         "[log-dodging] your timed calls took 0.257 ms where the kernel log was off, and their kernels 0.451 ms")
     side, windows = logged(("k", 2, 10), ("side", 5, 300))  # events 0.01 ms in every call
-    assert jg.log_dodging(side, reported(0.01), windows).startswith("[log-dodging]")
+    assert checks.log_dodging(side, reported(0.01), windows).startswith("[log-dodging]")
     early, windows = logged(("early", -100, 150))  # started 0.1 ms before the flush ended
-    assert jg.log_dodging(early, reported(0.15), windows).startswith("[log-dodging]")
-    assert jg.log_dodging([], reported(0.1), {}) is None  # no logged call: nothing to hold them to
+    assert checks.log_dodging(early, reported(0.15), windows).startswith("[log-dodging]")
+    assert checks.log_dodging([], reported(0.1), {}) is None  # no logged call: nothing to hold them to
 
 
 def test_a_reported_time_shorter_than_the_judge_saw_beyond_the_harness_is_a_faked_clock():
@@ -105,26 +107,26 @@ def test_a_reported_time_shorter_than_the_judge_saw_beyond_the_harness_is_a_fake
     of the call unexplained."""
     honest = [(f"candidate/{i}", 0.40, 0.41) for i in range(5)]
     seen = {label: (0.40e-3 + 0.06e-3, 0.0) for label, _, _ in honest}
-    assert jg.unobserved_time(honest, seen, harness_ms=0.05) is None
+    assert checks.unobserved_time(honest, seen, harness_ms=0.05) is None
     faked = [(label, 0.02, 0.02) for label, _, _ in honest]
-    assert jg.unobserved_time(faked, seen, harness_ms=0.05).startswith("[clock-mismatch] each of your timed calls")
-    assert jg.unobserved_time(faked, {**seen, "candidate/4": (0.05e-3, 0.0)}, 0.05) is None  # its least
+    assert checks.unobserved_time(faked, seen, harness_ms=0.05).startswith("[clock-mismatch] each of your timed calls")
+    assert checks.unobserved_time(faked, {**seen, "candidate/4": (0.05e-3, 0.0)}, 0.05) is None  # its least
     long = [(label, 6.0, 6.1) for label, _, _ in honest]  # a long call leaves more around it, a faked one most
     seen_long = {label: (7.34e-3, 0.0) for label, _, _ in long}
-    assert jg.unobserved_time(long, seen_long, harness_ms=0.59) is None
+    assert checks.unobserved_time(long, seen_long, harness_ms=0.59) is None
     faked_long = [(label, 0.5, 0.5) for label, _, _ in long]
-    assert jg.unobserved_time(faked_long, seen_long, harness_ms=0.59).startswith("[clock-mismatch]")
+    assert checks.unobserved_time(faked_long, seen_long, harness_ms=0.59).startswith("[clock-mismatch]")
 
 
 def test_a_slower_reference_stands_only_within_what_the_judges_own_kernel_says_of_the_load():
     clean = {"reference": 0.0226, "timer": 0.008}
     loaded = {"reference": [("r", 0.0917, 0.1)], "timer": [("t", 0.03, 0.03)]}
-    assert jg.slowed_reference(loaded, clean, 1.3) is None  # the host slowed the judge's own kernel as much
+    assert checks.slowed_reference(loaded, clean, 1.3) is None  # the host slowed the judge's own kernel as much
     quiet = {"reference": [("r", 0.0917, 0.1)], "timer": [("t", 0.008, 0.01)]}
-    assert jg.slowed_reference(quiet, clean, 1.3).startswith("[slowed-reference] the reference took 0.0917 ms")
+    assert checks.slowed_reference(quiet, clean, 1.3).startswith("[slowed-reference] the reference took 0.0917 ms")
     capped = {"reference": [("r", 0.2, 0.2)], "timer": [("t", 100.0, 100.0)]}
-    assert jg.slowed_reference(capped, clean, 1.3).startswith("[slowed-reference]")  # load excuses 4x at most
-    assert jg.slowed_reference(quiet, {}, 1.3) is None  # the CPU: the runner is stopped, nothing to compare
+    assert checks.slowed_reference(capped, clean, 1.3).startswith("[slowed-reference]")  # load excuses 4x at most
+    assert checks.slowed_reference(quiet, {}, 1.3) is None  # the CPU: the runner is stopped, nothing to compare
 
 
 def test_a_process_cpu_time_keeps_what_its_exited_threads_spent():
@@ -164,16 +166,16 @@ def test_gpu_work_between_timed_calls_beyond_the_harnesss_copies_is_added_to_eac
             hidden += [(start + 40, start + 50), (start + 500, start + 700)]
         else:
             rows.append((f"candidate/{i}", 0.02, 0.05))
-    assert jg.charge_between_calls(rows, {"spans": spans, "between": between + honest}, logged) == (rows, 0.0)
-    charged, extra = jg.charge_between_calls(rows, {"spans": spans, "between": between + hidden}, logged)
-    assert extra == pytest.approx(0.2 - 0.001 - jg.BETWEEN_SLACK_MS, abs=1e-9)
+    assert checks.charge_between_calls(rows, {"spans": spans, "between": between + honest}, logged) == (rows, 0.0)
+    charged, extra = checks.charge_between_calls(rows, {"spans": spans, "between": between + hidden}, logged)
+    assert extra == pytest.approx(0.2 - 0.001 - checks.BETWEEN_SLACK_MS, abs=1e-9)
     assert [ms for _, ms, _ in charged] == pytest.approx([0.02 + extra] * 4)
 
 
 def test_calls_whose_cpu_time_ran_on_other_threads_are_threads():
     observed = {f"candidate/{i}": (0.001, 0.0005) for i in range(100)}  # 50 ms of CPU time in all
-    assert jg.other_threads_worked(0.004, observed) is None  # a runtime thread's bookkeeping
-    assert jg.other_threads_worked(0.025, observed).startswith("[threads] 25 ms of the 50 ms of CPU time")
+    assert checks.other_threads_worked(0.004, observed) is None  # a runtime thread's bookkeeping
+    assert checks.other_threads_worked(0.025, observed).startswith("[threads] 25 ms of the 50 ms of CPU time")
 
 
 def test_the_arena_carries_values_only_in_the_judges_layout():
@@ -252,12 +254,12 @@ def test_no_reported_call_is_paid_faster_than_the_judges_own_clock_allows():
     events never saw): what is beyond FLOOR_SLACK_MS is added to each call; an honest candidate, seen within
     FLOOR_SLACK_MS, keeps its times."""
     reported = [(f"candidate/{i}", 0.1, 0.15) for i in range(0, 8, 2)]
-    honest = {label: ((0.05 + ms + jg.FLOOR_SLACK_MS / 2) / 1e3, 0.0) for label, ms, _ in reported}
-    assert jg.judges_floor(reported, honest, harness_ms=0.05)[0] == reported
+    honest = {label: ((0.05 + ms + checks.FLOOR_SLACK_MS / 2) / 1e3, 0.0) for label, ms, _ in reported}
+    assert checks.judges_floor(reported, honest, harness_ms=0.05)[0] == reported
     hidden = {label: ((0.05 + ms + 1.0) / 1e3, 0.0) for label, ms, _ in reported}
-    floored, beyond = jg.judges_floor(reported, hidden, harness_ms=0.05)
+    floored, beyond = checks.judges_floor(reported, hidden, harness_ms=0.05)
     assert beyond == pytest.approx(1.0)
-    assert [ms for _, ms, _ in floored] == pytest.approx([0.1 + 1.0 - jg.FLOOR_SLACK_MS] * 4)
+    assert [ms for _, ms, _ in floored] == pytest.approx([0.1 + 1.0 - checks.FLOOR_SLACK_MS] * 4)
 
 
 def test_moved_inputs_are_the_same_for_the_same_seed_and_leave_labels_and_indices_alone():

@@ -19,7 +19,7 @@ from kevin.eval_records import library_records
 from kevin.static_rules import rejection, static_check
 import generate
 from kevin import prompts
-from kevin import judge
+from kevin import judge_checks as checks
 from kevin.backends import Reply
 from kevin.static_rules import RULE_PROFILES
 from kevin import runner
@@ -188,29 +188,29 @@ def test_kernelbench_tolerances_are_per_dtype_and_the_flags_override_them():
     assert strict["float32"] == [1e-4, 1e-4] and strict["bfloat16"] == strict["float16"] == [1e-2, 1e-2]
     assert ev.tolerances(ev.EvalConfig(rules="kernelbench", atol=1e-3))["float32"] == [1e-3, 1e-4]
     ref = torch.full((4,), 100.0)
-    assert judge._compare(taken(ref + 5e-3), ref, strict)[0] is None  # 5e-5 relative: inside 1e-4
-    status, why, abs_diff, rel_diff = judge._compare(taken(ref * 1.001), ref, strict)
+    assert checks.compare(taken(ref + 5e-3), ref, strict)[0] is None  # 5e-5 relative: inside 1e-4
+    status, why, abs_diff, rel_diff = checks.compare(taken(ref * 1.001), ref, strict)
     assert status == "incorrect" and "rtol=0.0001" in why
     assert abs_diff == pytest.approx(0.1, rel=1e-3) and rel_diff == pytest.approx(1e-3, rel=1e-3)
-    assert judge._compare(taken((ref * 1.001).half()), ref.half(), strict)[0] is None  # fp16: 1e-2
+    assert checks.compare(taken((ref * 1.001).half()), ref.half(), strict)[0] is None  # fp16: 1e-2
 
 
 def test_repeats_allow_atomic_jitter_and_catch_a_race_inside_the_tolerance():
     torch.manual_seed(0)
     first = torch.randn(256, 256) * 100
-    assert judge._repeat_disagrees(taken(first), taken(first.clone()), 1e-5) is None
+    assert checks.repeat_disagrees(taken(first), taken(first.clone()), 1e-5) is None
     jitter = first + first.abs().max() * 1e-7 * torch.randn_like(first)  # atomics adding in another order
-    assert judge._repeat_disagrees(taken(first), taken(jitter), 1e-5) is None
+    assert checks.repeat_disagrees(taken(first), taken(jitter), 1e-5) is None
     race = first.clone()
     race.view(-1)[first.abs().argmax()] += 1.0  # a product with a wrong operand: ~1e-3 off, inside atol = rtol = 1e-2
-    assert judge._compare(taken(race), first, ev.tolerances(ev.EvalConfig()))[0] is None
-    assert "differs from the first by up to 1" in judge._repeat_disagrees(taken(first), taken(race), 1e-5)
+    assert checks.compare(taken(race), first, ev.tolerances(ev.EvalConfig()))[0] is None
+    assert "differs from the first by up to 1" in checks.repeat_disagrees(taken(first), taken(race), 1e-5)
     bf16 = first.bfloat16()
-    assert judge._repeat_disagrees(taken(bf16), taken(bf16 * (1 + 2 ** -8)), 1e-5) is None  # 4 epsilons allowed
-    assert "values that changed" in judge._repeat_disagrees(taken(torch.arange(4)), taken(torch.tensor([0, 1, 2, 4])),
+    assert checks.repeat_disagrees(taken(bf16), taken(bf16 * (1 + 2 ** -8)), 1e-5) is None  # 4 epsilons allowed
+    assert "values that changed" in checks.repeat_disagrees(taken(torch.arange(4)), taken(torch.tensor([0, 1, 2, 4])),
                                                             1e-5)
-    assert judge._repeat_disagrees(taken(first, 3), taken(first.clone(), 3), 1e-5) is None  # left to the reference
-    assert "returned 1 outputs instead of 2" in judge._repeat_disagrees(taken(first, first), taken(first), 1e-5)
+    assert checks.repeat_disagrees(taken(first, 3), taken(first.clone(), 3), 1e-5) is None  # left to the reference
+    assert "returned 1 outputs instead of 2" in checks.repeat_disagrees(taken(first, first), taken(first), 1e-5)
 
 
 def test_kernelbench_static_rules_allow_torch_but_not_fallbacks_threads_or_subclassing():
