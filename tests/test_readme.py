@@ -1,6 +1,7 @@
-"""The README's commands run as written, in order, on a fresh copy of the repository: every line of its bash blocks
-after the first (the set-up commands, which `.ci/run` runs), but those tagged with what a CPU machine lacks (a GPU,
-a real model, a server, a KernelBench checkout) or [long]. Each line reads only what an earlier line wrote.
+"""The documented commands run as written, in order, on a fresh copy of the repository: every line of the README's
+bash blocks after the first (the set-up commands, which `.ci/run` runs), then of docs/usage.md's, which continue
+them, but those tagged with what a CPU machine lacks (a GPU, a real model, a server, a KernelBench checkout) or
+[long]. Each line reads only what an earlier line wrote.
 
 A copy, because the scripts write their outputs and caches (runs/, .cache/) beside themselves; it starts without
 them, as a fresh clone does."""
@@ -17,11 +18,20 @@ TAGS = ("GPU", "model", "server", "KernelBench", "long")
 TAGGED = re.compile(r"#.*\[(" + "|".join(TAGS) + r")\]")
 
 
+DOCUMENTS = ("README.md", "docs/usage.md")  # in this order: usage.md's blocks read what the README's wrote
+
+
+def bash_blocks(document: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", (ROOT / document).read_text(), re.S)
+
+
 def readme_lines() -> list[str]:
-    """Every line of the README's bash blocks after the first, a line continued with a backslash joined to the next."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert len(blocks) > 1, "README.md has no bash blocks beyond the set-up commands"
-    return [" ".join(line.split()) for block in blocks[1:] for line in block.replace("\\\n", " ").splitlines()
+    """Every line of the README's bash blocks after the first, then of usage.md's, a line continued with a backslash
+    joined to the next."""
+    readme, usage = (bash_blocks(document) for document in DOCUMENTS)
+    assert len(readme) > 1, "README.md has no bash blocks beyond the set-up commands"
+    assert usage, "docs/usage.md has no bash blocks"
+    return [" ".join(line.split()) for block in readme[1:] + usage for line in block.replace("\\\n", " ").splitlines()
             if line.strip()]
 
 
