@@ -485,9 +485,9 @@ def test_cli_refuses_a_setting_that_would_skip_a_check_in_one_line(tmp_path, fla
 
 
 def test_the_api_refuses_a_setting_that_would_skip_a_check():
-    with pytest.raises(ValueError, match="correct_trials"):
+    with pytest.raises(ValueError, match="--correct-trials must be at least 1"):
         ev.EvalConfig(correct_trials=0)
-    with pytest.raises(ValueError, match="min_own_kernel_share"):
+    with pytest.raises(ValueError, match="--min-own-kernel-share must be between 0 and 1"):
         ev.EvalConfig(min_own_kernel_share=1.5)
 
 

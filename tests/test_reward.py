@@ -152,7 +152,9 @@ def test_leave_one_out_baseline_uses_the_groups_of_group_by():
 def test_a_turn_left_out_has_no_advantage_and_no_place_in_its_groups_baseline():
     """train.py's truncated replies under --mask-truncated: scored, so earlier turns' returns hold them, but out of
     the loss and out of the baseline of the samples that are in it."""
-    cut = lambda turn: turn["reply"] is TASK_A0["turns"][1]["reply"]  # noqa: E731  A0's second turn
+    def cut(turn: dict) -> bool:  # A0's second turn
+        return turn["reply"] is TASK_A0["turns"][1]["reply"]
+
     out = add_rewards([TASK_A0, TASK_A1, TASK_B0], replace(SMALL, baseline="leave-one-out"), left_out=cut)
     assert [t["return"] for t in out[0]["turns"]] == [1.0, 2.0]  # its score still counts in turn 1's return
     # task A's group is now A0's turn 1 and A1's: returns 1 and 1
