@@ -20,9 +20,9 @@ Run:
   python generate.py --device cpu --max-tokens 64 ...   # C++ instead of CUDA, evaluated on a CPU
   python generate.py --out - ... | python reward.py - > runs/rewarded.jsonl   # JSONL on stdout
   VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python generate.py --backend vllm \
-      --gpu-memory-utilization 0.3 --device cpu --max-tokens 64 ...   # vLLM's CPU build (README)
+      --gpu-memory-utilization 0.3 --device cpu --max-tokens 64 ...   # vLLM's CPU build (docs/training.md)
 
-Output: one JSON line per trajectory (see README, "Data formats"; turns numbered from 1), appended when
+Output: one JSON line per trajectory (see README, "Data formats", and docs/usage.md; turns numbered from 1), appended when
 its group of tasks finishes; a re-run with the same --out skips the (task, trajectory) pairs already
 written. --out's folder must exist, and a second run on an --out being written stops at once, as evaluate.py
 -o does. A Ctrl-C drops the group under way and says in one line how many are written (exit status 130).

@@ -11,7 +11,7 @@ context, its reply token ids the completion, and only reply tokens are in the lo
   token  l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)  (+ beta * KL(pi || pi_ref), k3 estimator)
   loss   L = sum of l over every reply token / (--max-tokens x number of samples)
 
-Beyond the paper, each off by default (README: when to switch them on): --baseline leave-one-out (reward.py);
+Beyond the paper, each off by default (docs/training.md: when to switch them on): --baseline leave-one-out (reward.py);
 --filter-zero-std drops groups whose advantages are all 0 before the update; --mask-truncated gives replies cut
 at --max-tokens no loss; --is-correction takes the ratio against the trainer's own log-probs and weights each
 token by pi_trainer / pi_sampler, truncated or masked at --is-cap (TRL's vllm_importance_sampling_correction).
@@ -429,7 +429,7 @@ class TrainConfig(RolloutConfig):
     """hf: generate with the policy itself; vllm: a vLLM engine in every process; vllm-server: the vLLM server at
     --base-url; both vLLM ones take the policy's weights after every update"""
     base_url: str | None = None
-    """vllm-server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1 (README: how to start it);
+    """vllm-server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1 (docs/training.md: how to start it);
     the weights go through OUT/weights, which it must be able to read"""
     device: Literal["cuda", "cpu"] | None = None
     """where kernels are evaluated; cpu asks for C++ kernels (default: cuda with a GPU, cpu without)"""
@@ -458,7 +458,7 @@ class TrainConfig(RolloutConfig):
     """clip the gradient's global norm to this"""
     micro_batch_size: int = 4
     """samples per forward/backward pass; gradients accumulate over a rank's whole batch"""
-    # beyond the paper: each off by default (README: when to switch it on); --baseline is among the reward flags
+    # beyond the paper: each off by default (docs/training.md: when to switch it on); --baseline is among the reward flags
     filter_zero_std: bool = False
     """drop the groups whose advantages are all 0 before the update (no gradient, only compute); the loss's
     normaliser then counts the samples kept (DAPO's dynamic sampling, no refill)"""

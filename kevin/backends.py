@@ -268,7 +268,7 @@ def check_model(model: str) -> None:
 
 
 def check_vllm() -> None:
-    """--backend vllm needs vLLM, which requirements.txt leaves out (README: its own environment)."""
+    """--backend vllm needs vLLM, which requirements.txt leaves out (docs/generation.md: its own environment)."""
     if importlib.util.find_spec("vllm") is None:
-        raise SystemExit("error: --backend vllm: vLLM is not installed in this Python (see README, vLLM); "
+        raise SystemExit("error: --backend vllm: vLLM is not installed in this Python (see docs/generation.md, Installing vLLM); "
                          "use --backend hf or the vLLM environment's python")

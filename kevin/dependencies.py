@@ -6,5 +6,5 @@ import importlib.util
 def require(*modules: str) -> None:
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if missing:
-        raise SystemExit(f"error: not installed: {', '.join(missing)}. Install first: pip install -r requirements.txt "
+        raise SystemExit(f"error: not installed: {', '.join(missing)}. Install first: pip install -e . "
                          "(the README's first lines)")

@@ -1,4 +1,5 @@
 """bench/eval_throughput.py: its baseline must be a fair one, so its numbers mean something."""
+import pytest
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import eval_throughput as et  # noqa: E402
 ev = et.ev
 
 
+@pytest.mark.slow
 def test_the_baseline_checks_a_candidate_built_twice_under_one_name_without_building_it_again(tmp_path):
     """A GRPO group repeats candidates word for word; the baseline builds each copy in its own folder, as a
     build cache keyed by candidate does, and must then load each copy as built, not rebuild it renamed."""

@@ -221,6 +221,7 @@ def cpu_results():
     return records, ev.evaluate(records, ev.EvalConfig(**{**CPU, "run_timeout_s": 12}))
 
 
+@pytest.mark.slow
 def test_every_cpu_candidate_gets_the_status_its_name_promises(cpu_results):
     records, results = cpu_results
     got = {r["solution"]: e["status"] for r, e in zip(records, results)}
@@ -239,6 +240,7 @@ def test_a_correct_candidate_is_timed_against_the_reference(cpu_results):
             assert 0 <= e["time_s"]["wait"] <= e["time_s"]["run"]  # waiting for its child is part of its run
 
 
+@pytest.mark.slow
 def test_compile_errors_carry_the_compilers_own_message_without_build_paths(cpu_results):
     records, results = cpu_results
     e = next(e for r, e in zip(records, results) if r["solution"].endswith("compile_error_semicolon"))
@@ -261,6 +263,7 @@ def test_identical_candidates_share_one_evaluation(cpu_results):
     assert first == duplicate and first is not duplicate
 
 
+@pytest.mark.slow
 def test_the_torch_compile_baseline_is_timed_without_tripping_the_tamper_checks(cpu_results):
     """torch.compile wraps torch functions and starts threads: that must not count against the candidate. (Its
     CPU compile, inside the run child, takes 20 to 60 s on two busy cores: more than the 30 s of CPU.)"""
@@ -293,6 +296,7 @@ def get_init_inputs():
 """
 
 
+@pytest.mark.slow
 def test_a_runner_killed_at_its_timeout_has_its_cpu_time_counted_and_a_crashed_one_no_false_zero():
     """A killed runner never says how much CPU it used; the evaluator reads it from /proc before stopping it:
     a spinner's seconds, not 0.0. One that crashed is gone by then: unknown (None) unless it could still be read."""
@@ -330,6 +334,7 @@ def run_cli_on_a_host_held_by(spinning: int, input_path: Path, niced: bool = Fal
 MORE_THAN_CORES = len(os.sched_getaffinity(0)) + 1
 
 
+@pytest.mark.slow
 def test_on_a_loaded_host_cpu_speedups_hold_and_the_reference_cannot_be_slowed(tmp_path):
     """The same four candidates on a quiet host (which also builds them), then with more spinning processes than
     cores through the whole CLI run. On the CPU both models are timed by the CPU time the kernel counts (the
@@ -356,6 +361,7 @@ def test_on_a_loaded_host_cpu_speedups_hold_and_the_reference_cannot_be_slowed(t
         assert quiet / 10 <= speedups[1][name] <= quiet * 10, (name, quiet, speedups[1][name])
 
 
+@pytest.mark.slow
 def test_an_openmp_kernel_beside_other_work_is_rejected_for_its_threads(tmp_path):
     """A candidate's OpenMP threads share torch's libgomp, whose waiting thread used to spin at each barrier for as
     long as the others were off a core: beside two niced busy processes the thread that called forward then
@@ -385,6 +391,7 @@ def cpu_adversarial_results():
     return records, ev.evaluate(records, ev.EvalConfig(**CPU))
 
 
+@pytest.mark.slow
 def test_every_cpu_trick_is_rejected_by_the_rule_its_name_gives(cpu_adversarial_results):
     """Each trick gets the status its name gives (a rejection names its rule); one on Swish that can only be timed
     on its honest kernel (the work is ~1 ms against the harness's ~0.1: a trick that skipped it would show; one
@@ -412,6 +419,7 @@ def run_cli(*args, stdin=None):
                           capture_output=True, cwd=ROOT, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_keeps_fields_and_order_and_resumes(tmp_path, cpu_results):
     records, _ = cpu_results
     picked = [r for r in records if r["solution"].split(".")[1] in ("correct_loop", "incorrect_leaky")][:2]
@@ -435,6 +443,7 @@ def test_cli_keeps_fields_and_order_and_resumes(tmp_path, cpu_results):
     ('{"task": "level1/7_ReLU"}\n', "in.jsonl:1: a record needs the fields `task` and `code`"),
     ('{"task": "level9/none", "code": "x"}\n', "record 1: unknown task 'level9/none'"),
 ])
+@pytest.mark.slow
 def test_cli_bad_input_is_one_clear_line(tmp_path, text, message):
     (tmp_path / "in.jsonl").write_text(text)
     result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu")
@@ -442,6 +451,7 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, text, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_on_the_cpu_judges_an_honest_kernel_on_cpu_sized_tasks_unless_told_otherwise(tmp_path):
     """Without --tasks, the CPU takes the CPU-sized tasks and says so: on the full-size ones an honest C++ ReLU
     takes minutes a call and came back `timeout`, blamed for the machine's size."""
@@ -477,6 +487,7 @@ def test_cli_device_cuda_without_a_gpu_says_no_gpu_is_visible(tmp_path):
     ("--atol", "-1", "--atol must not be negative, got -1.0"),
     ("--run-timeout-s", "0", "--run-timeout-s must be positive, got 0.0"),
 ])
+@pytest.mark.slow
 def test_cli_refuses_a_setting_that_would_skip_a_check_in_one_line(tmp_path, flag, value, message):
     (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
     result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], flag, value)
@@ -527,6 +538,7 @@ def test_cli_an_output_that_cannot_be_written_is_one_clear_line(tmp_path, output
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: cannot write {tmp_path / output}: ")
 
 
+@pytest.mark.slow
 def test_cli_a_second_run_on_the_same_output_is_refused_while_the_first_writes_it(tmp_path):
     """Two runs appending to one -o file would write every result twice: the second is refused in one line while
     the first holds the file (here, checking a candidate that sleeps until its run timeout), and a resume once
@@ -559,6 +571,7 @@ def test_cli_reads_stdin(cpu_results):
     assert json.loads(result.stdout)["eval"]["status"] == "format_error"
 
 
+@pytest.mark.slow
 def test_cli_a_closed_stdout_ends_the_run_quietly_and_stops_the_candidates_still_to_come(tmp_path):
     """`evaluate.py IN.jsonl | head -1`: the write after the reader left ends the run as a Unix tool's (status 141,
     no traceback, nothing from the interpreter's exit), without waiting for the sleeping candidate behind it. One
@@ -593,6 +606,7 @@ def test_cli_summary_rows_tell_the_replies_to_one_task_apart(tmp_path):
     assert names == ["level1/7_ReLU.mine", "level1/7_ReLU, record 2", "level1/7_ReLU, record 3"]
 
 
+@pytest.mark.slow
 def test_cli_a_candidate_queued_behind_a_hanging_one_counts_only_its_own_time(tmp_path):
     """One compile worker and one device: the correct candidate waits out the spinner's 12 s run timeout. That
     wait is `queued`; its `total` is its own build and check, as if it had run alone."""
@@ -607,6 +621,7 @@ def test_cli_a_candidate_queued_behind_a_hanging_one_counts_only_its_own_time(tm
     assert honest["time_s"]["queued"] > 6, honest["time_s"]
 
 
+@pytest.mark.slow
 def test_name_only_copies_share_a_build_and_main_cpp_uses_the_precompiled_light_header(tmp_path, new_build_dir):
     """A copy that differs only in its extension's name loads the first one's build; a source that spells its
     name out (its own PYBIND11_MODULE, which the light header does not promise) is built as written under that
@@ -638,6 +653,7 @@ def test_name_only_copies_share_a_build_and_main_cpp_uses_the_precompiled_light_
     assert check.returncode == 0 and f"! {pch[0]}" in check.stderr.splitlines(), check.stderr[:2000]
 
 
+@pytest.mark.slow
 def test_a_caller_whose_script_starts_a_thread_on_import_gets_true_verdicts_and_no_child_runs_its_script(
         tmp_path, new_build_dir):
     """The evaluator's children never run the caller's script again, as multiprocessing's forkserver children
@@ -663,6 +679,7 @@ if __name__ == "__main__":
     assert runs.read_text() == "run\n"
 
 
+@pytest.mark.slow
 def test_a_copy_waiting_for_its_build_gives_its_compile_slot_to_the_next_candidate(tmp_path, new_build_dir):
     """Two compile slots, three candidates in this order: a kernel, a copy of it under another extension
     name (one build for both), another task's kernel. The copy finds its build under way and gives its slot
@@ -681,6 +698,7 @@ def test_a_copy_waiting_for_its_build_gives_its_compile_slot_to_the_next_candida
     assert (swish_folder / "build.ninja").stat().st_mtime < shared_build_done
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (no GPU needed: -c only)")
 def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name(tmp_path):
     """nvcc compiles a hand-written kernel's CUDA file, as load_inline writes it, against the light
@@ -850,6 +868,7 @@ def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
     assert stderr.splitlines() == ["interrupted: while starting, before evaluating anything"], stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_writes_only_true_results_and_says_how_far_it_got(tmp_path):
     """Ctrl-C while the sleeping candidate is being checked: the child our shutdown kills is no result. The
     correct one runs before or after it, so it is written or not yet run."""
@@ -895,6 +914,7 @@ def fork_servers_of(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_ctrl_c_as_the_run_starts_is_one_line_while_the_fork_server_still_imports_torch(tmp_path):
     """Ctrl-C to the whole foreground group as soon as the fork server that starts every child exists, while
     it still imports torch: no traceback (of a thread whose child could not start from a server the Ctrl-C
@@ -913,6 +933,7 @@ def test_ctrl_c_as_the_run_starts_is_one_line_while_the_fork_server_still_import
     assert "Traceback" not in stderr and "interrupted: 0 of 2 written; re-run to resume" in stderr, stderr
 
 
+@pytest.mark.slow
 def test_children_die_with_a_killed_evaluator_even_inside_a_kernel_that_never_returns(tmp_path):
     """kill -9 of the evaluator while the spinning candidate is checked (a crash, the OOM killer, a scheduler's
     preemption): no child spins on, holding a core (or a GPU) that later runs are timed on."""

@@ -181,6 +181,7 @@ def run_args(tasks: Path, out: Path, *extra: str) -> list[str]:
             "--device", "cpu", *extra]
 
 
+@pytest.mark.slow
 def test_hf_loop_writes_one_record_per_trajectory_with_every_turn(tmp_path, tiny_backend):
     write_add_task(tmp_path / "tasks")
     out = tmp_path / "rollouts.jsonl"
@@ -217,6 +218,7 @@ def test_hf_logprobs_are_those_of_the_sampling_distribution_at_the_temperature(t
     assert not torch.allclose(torch.tensor(reply.logprobs), raw, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_rerun_with_the_same_out_resumes_without_generating_again(tmp_path, tiny_backend):
     write_add_task(tmp_path / "tasks")
     out = tmp_path / "rollouts.jsonl"
@@ -234,6 +236,7 @@ def test_rerun_with_the_same_out_resumes_without_generating_again(tmp_path, tiny
     assert lines[0] == first_line and json.loads(lines[1])["trajectory"] == 1 and len(lines) == 2
 
 
+@pytest.mark.slow
 def test_blank_lines_in_an_existing_out_are_skipped_on_resume(tmp_path, tiny_backend):
     write_add_task(tmp_path / "tasks")
     out = tmp_path / "rollouts.jsonl"
@@ -244,6 +247,7 @@ def test_blank_lines_in_an_existing_out_are_skipped_on_resume(tmp_path, tiny_bac
     assert tiny_backend.calls == calls
 
 
+@pytest.mark.slow
 def test_the_summary_after_a_resume_covers_the_whole_output(tmp_path, tiny_backend, capsys):
     write_add_task(tmp_path / "tasks")
     out = tmp_path / "rollouts.jsonl"
@@ -268,6 +272,7 @@ def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
     assert not (tmp_path / "o.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_how_many_trajectories_are_written_and_a_rerun_does_the_rest(tmp_path, tiny_backend, capsys):
     """Ctrl-C to the whole foreground group once the first task's trajectories are written, while the second
     task's are generated or evaluated: one line, exit 130, and the file holds what the line says."""
@@ -350,7 +355,7 @@ def test_the_cuda_example_is_correct_through_the_loop_on_a_gpu(tmp_path):
     assert record["turns"][0]["eval"]["status"] == "correct", record["turns"][0]["eval"]["feedback"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see README)")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see docs/generation.md)")
 def test_vllm_backend_runs_the_loop_on_the_tiny_model(tmp_path):
     """The real command line, in a subprocess: vLLM starts its engine best from a fresh `__main__`."""
     write_add_task(tmp_path / "tasks")
@@ -423,6 +428,7 @@ def openai_cli(base_url: str, tasks: Path, out: Path, *extra: str) -> list[str]:
             "--device", "cpu", *extra]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("before", [None, '{"task": "toy/add", "trajectory": 0, "turns": []}\n'])
 def test_openai_without_a_server_fails_at_once_naming_the_url_and_leaves_the_out_as_it_was(tmp_path, before):
     """A refused connection cannot pass: no retries (the default 5 took 63 s), and no empty file left behind."""
@@ -466,6 +472,7 @@ def test_openai_retries_only_what_can_pass_and_waits_briefly(monkeypatch):
         server.shutdown()
 
 
+@pytest.mark.slow
 def test_a_second_run_on_an_out_being_written_stops_at_once_and_the_first_writes_each_trajectory_once(tmp_path):
     """As evaluate.py -o: the first run holds --out locked, so a second one on it refuses in one line instead of
     writing every trajectory again. The first run's replies wait until the second has been turned away."""
@@ -503,6 +510,7 @@ def test_a_second_run_on_an_out_being_written_stops_at_once_and_the_first_writes
     assert [(r["task"], r["trajectory"]) for r in read_records(out)] == [("toy/add", 0), ("toy/add", 1)]
 
 
+@pytest.mark.slow
 def test_an_out_in_a_missing_folder_is_refused_with_the_line_evaluate_gives(tmp_path):
     """One behaviour for both stages: neither makes a missing folder (a typo would scatter outputs)."""
     write_add_task(tmp_path / "tasks")
@@ -583,6 +591,7 @@ def test_overlapped_rollouts_give_the_records_of_the_synchronous_loop(both_order
         assert all(a == pytest.approx(b, abs=1e-5) for a, b in zip(logprobs, other_logprobs))
 
 
+@pytest.mark.slow
 def test_overlapped_a_trajectory_writes_its_next_turn_while_another_kernel_is_still_judged(both_orders):
     """Trajectory 0's kernel is judged from the end of the first batch for its total time; trajectory 1's second
     turn is generated inside that window when overlapped, and only after it when synchronous."""
@@ -594,6 +603,7 @@ def test_overlapped_a_trajectory_writes_its_next_turn_while_another_kernel_is_st
 
 
 # ---------------------------------------------------------------- command line
+@pytest.mark.slow
 def test_help_is_quick_because_no_model_library_is_imported_at_the_top():
     """torch comes with evaluate, the judge every stage imports at the top; the model libraries (transformers,
     vLLM: seconds to import) wait until a model is loaded."""
@@ -611,7 +621,7 @@ def test_a_stage_run_before_the_install_says_what_to_install_in_one_line(stage, 
     """python -S: the same interpreter without its site-packages, as on a machine before the README's install."""
     done = subprocess.run([sys.executable, "-S", stage, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.splitlines() == [f"error: not installed: {missing}. Install first: pip install -r requirements.txt "
+    assert done.stderr.splitlines() == [f"error: not installed: {missing}. Install first: pip install -e . "
                                         "(the README's first lines)"]
 
 
@@ -649,6 +659,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess, message: str) -> No
 @pytest.mark.parametrize("argv", [["generate.py", "--out", "o.jsonl", "--turns", "0"], ["reward.py", "no/such.jsonl"],
                                   ["scale_test.py"], ["train.py", "--turns", "0"],
                                   ["warm_start.py", "--out", "o", "--hidden", "65"]])
+@pytest.mark.slow
 def test_every_stage_script_starts_its_one_line_errors_with_error(argv):
     """As evaluate.py's do, and argparse's (`prog: error: ...`): one word to look for, whichever stage failed (the
     missing install's line too: above)."""
@@ -666,6 +677,7 @@ def test_every_stage_script_starts_its_one_line_errors_with_error(argv):
     (["--temperature", "-1"], "--temperature must be positive"),
     (["--model", "/nonexistent"], "--model /nonexistent: no such folder"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_a_one_line_error(tmp_path, argv, message):
     assert_one_line_error(run_cli("--out", str(tmp_path / "o.jsonl"), "--device", "cpu", *argv), message)
 
@@ -688,6 +700,7 @@ def test_the_vllm_backend_without_vllm_is_a_one_line_error(tmp_path):
     ("{not json\n", "o.jsonl:1: not JSON"),
     ('{"task": "level1/7_ReLU", "code": "x", "status": "correct"}\n', "o.jsonl:1: not a generate.py trajectory"),
 ])
+@pytest.mark.slow
 def test_an_out_that_is_not_a_trajectory_file_is_a_one_line_error(tmp_path, content, message):
     (tmp_path / "o.jsonl").write_text(content)
     assert_one_line_error(run_cli("--out", str(tmp_path / "o.jsonl"), "--device", "cpu"), message)
@@ -698,6 +711,7 @@ def test_an_out_that_is_a_folder_is_a_one_line_error(tmp_path):
     assert_one_line_error(run_cli("--out", str(tmp_path), "--device", "cpu"), f"--out {tmp_path} is a folder")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
 def test_without_a_gpu_the_default_device_evaluates_cpp_on_the_cpu_and_shows_generation_progress(tmp_path):
     write_add_task(tmp_path / "tasks")
@@ -718,6 +732,7 @@ def test_device_cuda_without_a_gpu_stops_before_generating_anything(tmp_path):
     assert "rollouts" not in done.stderr and not (tmp_path / "o.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out", ["-", "/dev/stdout"])
 def test_out_to_stdout_pipes_into_reward(tmp_path, out):
     """The README's chain as a real pipeline: JSONL on stdout, progress and the table on stderr."""

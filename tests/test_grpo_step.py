@@ -21,6 +21,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.slow
 def test_each_row_is_written_as_it_finishes_and_a_rerun_skips_it(tmp_path):
     out = tmp_path / "rows.json"
     run_bench("--rows", "tiny:full:16", "--sides", "project", "--out", str(out))
@@ -37,6 +38,7 @@ def test_each_row_is_written_as_it_finishes_and_a_rerun_skips_it(tmp_path):
     assert json.loads(out.read_text()) == [row] and "| tiny | full | 16 |" in again.stdout
 
 
+@pytest.mark.slow
 def test_a_profile_gives_the_ops_table_the_timeline_and_what_the_side_printed(tmp_path):
     run_bench("--rows", "tiny:full:16", "--sides", "project", "--repeats", "1", "--profile", str(tmp_path / "prof"),
               "--out", str(tmp_path / "rows.json"))
@@ -47,6 +49,7 @@ def test_a_profile_gives_the_ops_table_the_timeline_and_what_the_side_printed(tm
     assert stem.with_suffix(".stderr.txt").exists()
 
 
+@pytest.mark.slow
 def test_a_bad_row_is_a_one_line_error(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "grpo_step.py"), "--rows", "tiny:fsdp:16"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)

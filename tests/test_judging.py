@@ -140,6 +140,7 @@ def cpu_profiles(tmp_path_factory):
     return results
 
 
+@pytest.mark.slow
 def test_kernelbench_rules_allow_a_kept_torch_layer_that_the_papers_reject(cpu_profiles):
     kevin, kernelbench = cpu_profiles["kevin"]["keeps_linear"], cpu_profiles["kernelbench"]["keeps_linear"]
     assert kevin["status"] == "rejected" and "[torch-nn-layer]" in kevin["feedback"]
@@ -154,6 +155,7 @@ def test_a_try_except_fallback_is_rejected_by_both_profiles(cpu_profiles):
         assert e["status"] == "rejected" and "[try-except]" in e["feedback"] and name in e["feedback"], e["feedback"]
 
 
+@pytest.mark.slow
 def test_a_drift_inside_the_tolerance_is_a_race_and_an_honest_kernel_still_passes(cpu_profiles):
     for profile in ("kevin", "kernelbench"):
         drifts, honest = cpu_profiles[profile]["drifts"], cpu_profiles[profile]["honest"]

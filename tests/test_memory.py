@@ -93,6 +93,7 @@ def evaluate_cli(tmp_path: Path, tasks: dict[str, str], records: list[dict], *fl
     return [json.loads(line)["eval"] for line in out.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_on_the_cpu_the_judge_holds_one_draw_at_a_time_whatever_the_trials(tmp_path):
     """A ReLU over 256 MB on the CPU, five correctness trials and at least ten timed ones, each on a fresh draw:
     the candidate's resident peak beyond what it holds for a tiny ReLU stays within RUNNER_MEMORY footprints, the

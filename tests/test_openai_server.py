@@ -19,7 +19,7 @@ from kevin.prompts import EXAMPLE_MODEL
 from kevin.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not installed (see README, Installing vLLM)")
+                                reason="vllm is not installed (see docs/generation.md, Installing vLLM)")
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTUP_S = 300  # vllm serve on 2 CPU cores: the engine, the KV cache and the first compilation

@@ -254,6 +254,7 @@ def test_cli_names_the_line_and_turn_of_a_correct_kernel_without_speedup(tmp_pat
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [["reward.py"], ["scale_test.py"], ["train.py", "--rollouts"]])
 def test_a_trajectory_written_twice_is_refused_naming_its_first_copy(tmp_path, stage):
     """Two runs on one file, or one file appended to twice: every stage reading rollouts reads them through

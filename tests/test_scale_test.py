@@ -216,6 +216,7 @@ def get_init_inputs():
 """
 
 
+@pytest.mark.slow
 def test_live_mode_generates_each_allocation_and_measures_it(tmp_path):
     pytest.importorskip("transformers")
     task = tmp_path / "tasks" / "level0" / "relu.py"
@@ -242,6 +243,7 @@ def test_live_mode_generates_each_allocation_and_measures_it(tmp_path):
     assert "| independent | 4 x 1 | 4 |" in result.stdout and "| beam | 2 x 2 | 4 |" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
 def test_live_beam_without_a_gpu_asks_for_cpp_and_evaluates_on_the_cpu_by_default(tmp_path):
     """generate.py's --device auto, resolved before the beam's prompts are written."""

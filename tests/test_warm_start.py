@@ -91,6 +91,7 @@ def test_quoted_feedback_keeps_its_words_and_changes_its_timings():
     assert jittered.endswith("main.cpp:3:10")  # line numbers are not timings
 
 
+@pytest.mark.slow
 def test_a_library_whose_correct_variants_all_fail_is_a_one_line_error_not_a_policy_taught_that_all_fail():
     """On the H200 every child once failed to enter its sandbox, every variant was judged compile_error, and the
     warm start went on with warnings, teaching the policy that nothing compiles. Here each variant's module
@@ -155,6 +156,7 @@ def short_library(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_the_step_under_way_and_a_rerun_resumes_to_an_uninterrupted_runs_result(tmp_path, capsys):
     """Ctrl-C to the whole foreground group once the first checkpoint is saved: the step under way ends and is saved,
     and the one line says which; a re-run with the same --out goes on from it and ends with the losses of a run never
@@ -252,6 +254,7 @@ def test_the_policy_is_made_once_then_taken_from_its_cache(tmp_path, monkeypatch
     assert warm_policy.policy("cpu", epochs=2) != first and len(made) == 2  # other settings: another policy
 
 
+@pytest.mark.slow
 def test_a_missing_policy_is_made_by_warm_start_py_into_the_cache_and_names_no_folder_of_the_machine(tmp_path,
                                                                                                      monkeypatch):
     """One variant, turn-1 examples only, one epoch of a 1 x 64 model: the real subprocess, seconds."""
