@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kevin import evaluator as ev
 from kevin.tasks import index_tasks
 from kevin.harness import flatten_outputs, import_file  # noqa: E402

@@ -66,7 +66,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # train.py's update is what this measures: the stage script, which no install holds
 
 import torch  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402

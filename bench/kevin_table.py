@@ -44,8 +44,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))  # scale_test.py's metrics: the stage script itself, which no install holds
 import scale_test  # noqa: E402
 from kevin.learning_curves import curves, plot_steps, pyplot  # noqa: E402
 from kevin.startup import quiet_ctrl_c_while_starting, started  # noqa: E402

@@ -38,7 +38,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BUILDS = REPO / ".cache" / "builds"  # evaluate.py's default build cache, which train.py uses
-sys.path.insert(0, str(REPO))
 from kevin.learning_curves import curves, mean, plot_steps, pyplot, turns_of  # noqa: E402
 from kevin.startup import quiet_ctrl_c_while_starting, started  # noqa: E402
 

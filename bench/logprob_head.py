@@ -17,12 +17,10 @@ import argparse
 import importlib.util
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 

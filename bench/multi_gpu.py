@@ -57,11 +57,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # train.py itself, which no install holds
 from kevin import batching  # noqa: E402
 from kevin import evaluator as ev
+from kevin import rewards
 from kevin.eval_records import library_records
-import reward  # noqa: E402
 import train  # noqa: E402
 from kevin.tiny_model import build_qwen2_05b_shaped, build_tiny_model  # noqa: E402
 
@@ -299,7 +299,7 @@ def write_rollouts(path: Path, model_path: str) -> int:
         for turn in record["turns"]:
             row, keep = next(rows)
             turn["reply"]["logprobs"] = [lp for lp, k in zip(row, keep) if k]
-    rewarded = reward.add_rewards(records)
+    rewarded = rewards.add_rewards(records)
     path.write_text("".join(json.dumps(r) + "\n" for r in rewarded))
     return sum(turn["advantage"] != 0 for r in rewarded for turn in r["turns"])
 

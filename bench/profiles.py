@@ -12,12 +12,10 @@ which --render turns back into the table.
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kevin import evaluator as ev
 from kevin.eval_records import library_records
 from kevin.tasks import index_tasks

@@ -93,7 +93,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.tasks = args.tasks or str(REPO / ("solutions/warm_start/tasks" if args.device == "cuda" else "tests/tasks"))
     if args.tasks_per_step is None:
-        sys.path.insert(0, str(REPO))
         from kevin.tasks import index_tasks
 
         args.tasks_per_step = len(index_tasks(args.tasks))

@@ -18,8 +18,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import eval_throughput  # noqa: E402
 from kevin import evaluator as ev
 

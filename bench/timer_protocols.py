@@ -20,12 +20,10 @@ before its closing event: 0.026 to 0.067 ms above `idle` on the H200, 0.037 to 0
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kevin import evaluator as ev
 from kevin.tasks import index_tasks, resolve_task
 from kevin.harness import KernelLog, flush_buffer, import_file, make_timer  # noqa: E402

@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def clean_times(task: str, candidate: str, device: str, calls: int, threads: int) -> dict:

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
 from learning_demo import go_on_or_afresh  # noqa: E402
 
 
