@@ -46,8 +46,11 @@ import evaluate as ev  # noqa: E402
 
 try:
     from kevin.harness import import_file  # noqa: E402
-except ImportError:  # an older tree's evaluate.py had it
-    from evaluate import import_file  # noqa: E402
+except ImportError:  # an older tree's: kevin/run_child.py, or before it evaluate.py
+    try:
+        from kevin.run_child import import_file  # noqa: E402
+    except ImportError:
+        from evaluate import import_file  # noqa: E402
 
 
 def variants(record: dict) -> list[dict]:
