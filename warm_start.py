@@ -13,6 +13,11 @@ format, so that generate.py and train.py parse what the model learned:
             evaluator's real feedback (evaluate.py    any variant that scores at least as well as
             runs the library once here)               the last attempt, a failing one never repeated
 
+  fixes     with --near-misses N: N near misses of each correct variant (one line dropped), judged by the
+            evaluator; each judged wrong is an attempt, with its real feedback, that the variant it came from
+            follows (after it as the first attempt, and after a sampled history): so that turn t+1 has seen the
+            feedback of turn t name what to change, and the fix that changes it
+
 Attempt histories are paths sampled from that rule (--paths per task, up to --turns - 1 attempts
 long), so later-turn prompts look like those of a multi-turn rollout; the decimal numbers in quoted
 feedback (timings, speedups, differences) are jittered, since no two evaluations time a kernel alike.
@@ -133,6 +138,16 @@ def histories(variants: list[dict], turns: int, paths: int, rng: random.Random) 
     return list(seen)
 
 
+def near_misses(code: str, count: int, rng: random.Random) -> list[str]:
+    """Up to `count` near misses of a kernel, each its code with one non-blank line (Python or C++) dropped: the slips
+    a policy that memorised its library makes, which the evaluator's feedback names (the line that no longer
+    parses or compiles, the name it misses at run time, or that the output is wrong)."""
+    lines = code.splitlines(keepends=True)
+    kept = [i for i, line in enumerate(lines) if line.strip()]
+    dropped = rng.sample(kept, min(count, len(kept)))
+    return ["".join(lines[:i] + lines[i + 1:]) for i in sorted(dropped)]
+
+
 def jitter_numbers(feedback: str, rng: random.Random) -> str:
     """The feedback with every decimal number scaled by a random factor in [0.5, 2], digits kept: a kernel's
     timings differ from one evaluation to the next, and the policy should not key on one run's numbers."""
@@ -144,21 +159,30 @@ def jitter_numbers(feedback: str, rng: random.Random) -> str:
 
 
 def sft_examples(task_source: str, variants: list[dict], turns: int, paths: int, device: str,
-                 rng: random.Random) -> list[dict]:
+                 rng: random.Random, misses: list[dict] = ()) -> list[dict]:
     """(messages, reply, turn) pairs for one task: turn 1 with every variant, later turns after sampled histories
-    (turns numbered from 1, as generate.py numbers them).
+    (turns numbered from 1, as generate.py numbers them), and for each of `misses` (near misses judged wrong, each
+    with its "code", "summary", "eval" and "fix", the variant it came from) the fix after it, once as the first
+    attempt and once after a sampled history: feedback-conditioned fixes.
 
     Later-turn variants need "eval" (an evaluate.py result, whose feedback the prompt quotes, its numbers
     jittered) and "score"."""
+    def quoted(history: list[dict]) -> list[dict]:
+        return [{"turn": t, "code": a["code"], "summary": a["summary"],
+                 "eval": {"feedback": jitter_numbers(a["eval"]["feedback"], rng)}} for t, a in enumerate(history, 1)]
+
     examples = [{"messages": render_prompt(task_source, [], True, device), "reply": v["reply"], "turn": 1,
                  "variant": v["variant"]} for v in variants]
-    for history in histories(variants, turns, paths, rng) if turns > 1 else []:
-        attempts = [{"turn": t, "code": variants[i]["code"], "summary": variants[i]["summary"],
-                     "eval": {"feedback": jitter_numbers(variants[i]["eval"]["feedback"], rng)}}
-                    for t, i in enumerate(history, 1)]
-        messages = render_prompt(task_source, attempts, False, device)
+    sampled = histories(variants, turns, paths, rng) if turns > 1 else []
+    for history in sampled:
+        messages = render_prompt(task_source, quoted([variants[i] for i in history]), False, device)
         examples += [{"messages": messages, "reply": v["reply"], "turn": len(history) + 1, "variant": v["variant"]}
                      for v in next_variants(variants, variants[history[-1]])]
+    shorter = [h for h in sampled if len(h) < turns - 1]
+    for miss in misses if turns > 1 else []:
+        for before in [[]] + ([[variants[i] for i in rng.choice(shorter)]] if shorter else []):
+            examples.append({"messages": render_prompt(task_source, quoted([*before, miss]), False, device),
+                             "reply": miss["fix"]["reply"], "turn": len(before) + 2, "variant": miss["fix"]["variant"]})
     return examples
 
 
@@ -260,6 +284,30 @@ def judge_library(variants: list[dict], tasks_folder: Path, device: str, turns: 
         first = " ".join(meant[0]["eval"]["feedback"].split())[:200]
         raise SystemExit(f"error: none of the library's {len(meant)} correct variants was judged correct on {device} "
                          f"({meant[0]['variant']}: {first})")
+
+
+def judge_near_misses(variants: list[dict], count: int, tasks_folder: Path, device: str, accelerator,
+                      evals: list[dict] | None = None) -> list[dict]:
+    """`count` near misses of each variant judged correct (near_misses, seeded by its task and name, so that every
+    rank and a resumed run draw the same), each with its "eval": one evaluation on the main process, sent to every
+    rank, unless `evals` (a resumed run's) are given. All of them are returned; the caller keeps the wrong ones."""
+    misses = [{"task": v["task"], "code": code, "summary": v["summary"], "fix": v}
+              for v in variants if v["eval"]["status"] == "correct"
+              for code in near_misses(v["code"], count, random.Random(v["variant"]))]
+    if evals is None:
+        evals = [None]
+        if accelerator.is_main_process:
+            evals = [evaluate([{"task": m["task"], "code": m["code"]} for m in misses],
+                              EvalConfig(device=device, tasks=str(tasks_folder)))]
+        evals = broadcast_object_list(evals)[0]
+    for m, result in zip(misses, evals):
+        m["eval"] = result
+    return misses
+
+
+def is_wrong(result: dict) -> bool:
+    """A verdict a fix example may start from: the kernel was evaluated and is not correct."""
+    return result["status"] != "correct" and not result.get("not_evaluated")
 
 
 def load_model(args: WarmStartConfig):
@@ -409,12 +457,21 @@ def run(args: WarmStartConfig, accelerator, checkpoint: dict) -> None:
         say(accelerator, f"evaluating the library: {len(variants)} variants on {args.device}")
     judge_library(variants, args.tasks, args.device, args.turns, accelerator, checkpoint.get("evals"))
     checkpoint["evals"] = [v.get("eval") for v in variants]
+    judged = []
+    if args.turns > 1 and args.near_misses:
+        if "miss_evals" not in checkpoint:
+            say(accelerator, f"evaluating near misses: {args.near_misses} of each correct variant on {args.device}")
+        judged = judge_near_misses(variants, args.near_misses, args.tasks, args.device, accelerator,
+                                   checkpoint.get("miss_evals"))
+        checkpoint["miss_evals"] = [m["eval"] for m in judged]
+    misses = [m for m in judged if is_wrong(m["eval"])]
     rng = random.Random(args.seed)
     examples = []
     for task_id in sorted({v["task"] for v in variants}):
         mine = [v for v in variants if v["task"] == task_id]
-        examples += [dict(e, task=task_id) for e in sft_examples(tasks[task_id].source, mine, args.turns,
-                                                                  args.paths, args.device, rng)]
+        examples += [dict(e, task=task_id) for e in sft_examples(
+            tasks[task_id].source, mine, args.turns, args.paths, args.device, rng,
+            [m for m in misses if m["task"] == task_id])]
 
     say(accelerator, f"{len(examples)} examples from {len(variants)} variants; fine-tuning {args.model} for "
                      f"{args.epochs} epochs")
@@ -444,6 +501,9 @@ def run(args: WarmStartConfig, accelerator, checkpoint: dict) -> None:
                          "speedup": v.get("eval", {}).get("speedup"), "score": v["score"],
                          "reply_tokens": len(tokenizer(v["reply"], add_special_tokens=False).input_ids) + 1}
                         for v in variants],
+            "near_misses": [{"fix": m["fix"]["variant"], "status": m["eval"]["status"],
+                             "feedback": m["eval"]["feedback"].splitlines()[0][:200] if m["eval"]["feedback"] else ""}
+                            for m in judged],
             "examples_per_turn": per_turn, "longest_reply_tokens": longest_reply,
             "loss_per_epoch": losses, "greedy_is_library": dict(zip((f"{p['task']} turn {p['turn']}"
                                                                      for p in prompts), greedy)),
@@ -462,6 +522,10 @@ def summary_table(report: dict) -> str:
         speedup = f"{v['speedup']:.2f}x" if v["speedup"] is not None else "-"
         lines.append(f"{v['variant']:<44} {v['status'] or 'not run':>14} {speedup:>8} {v['score']:>6.2f} "
                      f"{v['reply_tokens']:>7}")
+    if report["near_misses"]:
+        statuses = [m["status"] for m in report["near_misses"]]
+        lines.append(f"near misses: {len(statuses)}, " + ", ".join(f"{s} {statuses.count(s)}" for s in sorted(
+            set(statuses))) + " (the wrong ones are the first attempts of fix examples)")
     lines.append("examples per turn: " + ", ".join(f"turn {t}: {n}" for t, n in report["examples_per_turn"].items()))
     lines.append(f"loss: {report['loss_per_epoch'][0]:.4f} (first epoch) -> {report['loss_per_epoch'][-1]:.5f} (last)")
     greedy = report["greedy_is_library"]

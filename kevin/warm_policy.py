@@ -54,6 +54,9 @@ class WarmStartConfig:
     is not evaluated)"""
     paths: int = 8
     """sampled attempt paths per task that later-turn prompts come from"""
+    near_misses: int = 0
+    """near misses (one line dropped) of each correct variant, judged by the evaluator; those judged wrong are
+    first attempts, with their real feedback, of examples whose next reply is the variant they came from (0: none)"""
     # model
     model: str = "tiny"
     """'tiny': a fresh model of --layers x --hidden on the tiny tokenizer; else an HF path to fine-tune"""
@@ -92,6 +95,7 @@ class WarmStartConfig:
         self.library = Path(self.library or LIBRARY / self.device)
         self.tasks = Path(self.tasks or DEFAULT_TASKS[self.device])
         check(self, {**dict.fromkeys(("turns", "paths", "layers", "epochs", "batch_size", "save_every"), AT_LEAST_1),
+                     "near_misses": NOT_NEGATIVE,
                      "hidden": ("be a multiple of 64 (heads of 64)", lambda hidden: hidden >= 64 and hidden % 64 == 0),
                      "lr": POSITIVE, "temperature": POSITIVE, "check_samples": NOT_NEGATIVE,
                      **dict.fromkeys(("library", "tasks"), ("be a folder", Path.is_dir))})

@@ -284,3 +284,55 @@ def test_the_shipped_cpu_policy_is_small_loads_and_is_the_one_the_library_asks_f
     assert AutoTokenizer.from_pretrained(shipped).eos_token == "<|im_end|>"
     report = json.loads((shipped / "warm_start.json").read_text())
     assert not any(str(v).startswith("/") for v in report["args"].values())  # names no folder of the machine
+
+
+def test_a_near_miss_drops_one_non_blank_line_and_the_same_seed_draws_the_same_ones():
+    code = "import torch\n\nsource = \"\"\"\nint f() { return 1; }\n\"\"\"\nclass ModelNew:\n    x = 1\n"
+    misses = ws.near_misses(code, 3, random.Random("v"))
+    assert misses == ws.near_misses(code, 3, random.Random("v")) and len(set(misses)) == 3
+    for miss in misses:
+        dropped = [line for line in code.splitlines() if line not in miss.splitlines()]
+        assert len(dropped) == 1 and dropped[0].strip() and len(miss.splitlines()) == len(code.splitlines()) - 1
+    assert len(ws.near_misses(code, 99, random.Random(0))) == 6  # no more than the non-blank lines
+
+
+def test_after_a_near_miss_and_its_feedback_the_reply_is_the_kernel_it_came_from():
+    variants = scored(0.0, 0.0, 0.4, 1.2)
+    miss = {"code": "code 3 without a line\n", "summary": "summary 3", "fix": variants[3],
+            "eval": {"feedback": "Compilation failed: 'y' was not declared in this scope"}}
+    plain = ws.sft_examples("class Model: ...\n", variants, turns=3, paths=6, device="cpu", rng=random.Random(0))
+    examples = ws.sft_examples("class Model: ...\n", variants, turns=3, paths=6, device="cpu", rng=random.Random(0),
+                               misses=[miss])
+    assert examples[:len(plain)] == plain  # the library's examples as without near misses
+    fixes = examples[len(plain):]
+    assert [e["turn"] for e in fixes] == [2, 3]  # first, and after one sampled attempt
+    for e in fixes:
+        prompt = e["messages"][0]["content"]
+        assert prompt.rstrip().endswith(ws.render_prompt("", [], False, "cpu")[0]["content"].split("\n\n")[-1])
+        assert f"### Attempt {e['turn'] - 1}\n```python\ncode 3 without a line\n```" in prompt
+        assert "Feedback: Compilation failed: 'y' was not declared in this scope" in prompt
+        assert e["reply"] == variants[3]["reply"]
+
+
+@pytest.mark.slow
+def test_near_misses_are_judged_by_the_evaluator_and_a_fix_example_quotes_its_real_feedback():
+    """The first attempt of a fix example is a kernel the real evaluator judged wrong, quoted with its feedback."""
+    from accelerate import Accelerator
+
+    variants = [v for v in ws.load_library(LIBRARIES["cpu"]) if v["variant"] == "level1/7_ReLU.correct_vectorised"]
+    variants[0]["eval"] = {"status": "correct", "feedback": "Correct. It can be made faster."}
+    judged = ws.judge_near_misses(variants, 2, ROOT / "tests" / "tasks", "cpu", Accelerator(cpu=True))
+    assert len(judged) == 2 and all(m["fix"] is variants[0] and m["code"] != variants[0]["code"] for m in judged)
+    wrong = [m for m in judged if ws.is_wrong(m["eval"])]
+    assert wrong, [m["eval"]["status"] for m in judged]
+    task = load_tasks(str(ROOT / "tests" / "tasks"), None)[0]
+    variants[0]["score"] = 1.0
+    examples = ws.sft_examples(task.source, variants, 2, 1, "cpu", random.Random(0), wrong)
+    assert len(examples) == 2 + len(wrong)  # the variant at turns 1 and 2, then a fix example per wrong near miss
+    for miss, example in zip(wrong, examples[2:]):
+        assert miss["eval"]["status"] in ("format_error", "rejected", "compile_error", "runtime_error", "incorrect")
+        prompt = example["messages"][0]["content"]
+        assert example["turn"] == 2 and f"```python\n{miss['code'].rstrip()}\n```" in prompt
+        digits = re.compile(r"\d")  # the feedback's words as the evaluator wrote them, its numbers jittered
+        assert digits.sub("#", f"Feedback: {miss['eval']['feedback']}") in digits.sub("#", prompt)
+        assert example["reply"] == variants[0]["reply"]
