@@ -5,6 +5,11 @@ than training used (serial) or sample more trajectories (parallel) at the same k
 The paper's shape (Kevin, arXiv 2507.11948, Table 2 and its test-time scaling figure), shrunk to the small policy
 that `python train.py` trains:
   1. warm start   warm_policy.policy(): the small policy warm-started on the variant library (solutions/warm_start/)
+                  and on feedback-conditioned fixes (--near-misses): near misses of its correct kernels, one line
+                  dropped, judged by the evaluator; each judged wrong, quoted with its real feedback (the line that
+                  no longer compiles, the name missing at run time, the share of wrong values), is followed by the
+                  kernel it came from. So turn t+1 can act on what turn t's feedback says, which the paper's claim is
+                  about; without them the policy had only seen any-better-variant follow a failure
   2. training     for every seed, train.py from it, multi-turn (--n-trajectories n x --turns T a task) and single-turn
                   (n*T x 1): the same kernels evaluated per step, on every task of the library
   3. held-out     the warm-started policy (before RL) and both trained ones write --pool trajectories x --eval-turns
@@ -18,8 +23,8 @@ that `python train.py` trains:
 Output: --out-dir holds every run (train.py's folders, the pools as generate.py JSONL, kevin_table.json); the
 markdown table and the PNG go to --results (named for the device; default: --out-dir, under the untracked runs/;
 `--results results` writes the copies the repository keeps). A re-run skips what is finished: a train.py run
-whose metrics reach --steps and whose final model exists, a pool with every trajectory; a cut-short run resumes. A
-Ctrl-C says in one line what is kept (exit status 130).
+whose metrics reach --steps and whose final model exists, a pool with every trajectory; a cut-short run resumes (an
+--out-dir whose runs another policy made is refused). A Ctrl-C says in one line what is kept (exit status 130).
 
     python bench/kevin_table.py                        # GPU machine: CUDA kernels, the defaults
     python bench/kevin_table.py --device cpu --steps 4 --turns 2 --n-trajectories 2 --pool 4 --eval-turns 4 \
@@ -111,7 +116,10 @@ def markdown(agg: dict, training: dict, verdicts: list[dict], settings: dict, co
     and the parallel curves, and the verdict in words."""
     f = f"fast_{THRESHOLD}"
     lines = [f"# Kevin's comparison at toy scale ({settings['device']})", "", f"    {command}", "",
-             f"Policy: the warm-started small policy ({settings['policy']}). Training: {settings['seeds']} seeds, "
+             f"Policy: the warm-started small policy ({settings['policy']}), which has also seen "
+             f"{settings['wrong_misses']} near misses of its correct kernels ({settings['near_misses']} drawn from "
+             "each, one line dropped, judged wrong by the evaluator) followed, after their real feedback, by the fix. "
+             f"Training: {settings['seeds']} seeds, "
              f"{settings['steps']} GRPO steps on {settings['train_tasks']}, multi-turn {settings['multi']} vs "
              f"single-turn {settings['single']} trajectories x turns a task ({settings['kernels_per_step']} kernels a "
              f"task a step each). Held-out: {settings['heldout_tasks']}, pools of {settings['pool']} trajectories x "
@@ -153,6 +161,11 @@ def markdown(agg: dict, training: dict, verdicts: list[dict], settings: dict, co
         lines.append(f"- {v['allocation'].replace('x', ' x ')}: multi-turn RL {beat} single-turn RL on held-out "
                      f"speedup best@k: multi - single {d:+.2f}x ± {ds:.2f} (multi ahead in "
                      f"{v['seeds_multi_ahead']} of {v['seeds']} seeds); correct best@k {c:+.0%} ± {cs:.0%}.")
+    for kind in KINDS:
+        first, last = agg[kind]["per_turn"][0]["correct_avg"], agg[kind]["per_turn"][-1]["correct_avg"]
+        m, sd = spread([b - a for a, b in zip(first, last)])
+        lines.append(f"- refinement, {LABELS[kind]}: one trajectory correct by turn {len(agg[kind]['per_turn'])} "
+                     f"minus by turn 1 {m:+.0%} ± {sd:.0%}.")
     return "\n".join(lines) + "\n"
 
 
@@ -188,6 +201,15 @@ def plot(agg: dict, runs: dict[str, list[list[dict]]], path: Path, budget: int) 
 
 
 # ---------------------------------------------------------------- the runs
+def claim_out_dir(out: Path, policy_name: str) -> None:
+    """Mark `out` as holding runs of this policy (out/policy.txt); refuse one whose runs another policy (or one not
+    marked) made, which a re-run would otherwise take as finished."""
+    marker = out / "policy.txt"
+    if (out / "runs").exists() and (not marker.exists() or marker.read_text() != policy_name):
+        raise SystemExit(f"--out-dir {out} holds runs of another policy than {policy_name}: give another --out-dir")
+    marker.write_text(policy_name)
+
+
 def trained(folder: Path, steps: int) -> bool:
     """Whether the train.py run in `folder` is finished: its metrics reach `steps` and its final model is saved."""
     return len(read_metrics(folder / "metrics.jsonl")) >= steps and (folder / "final").exists()
@@ -242,6 +264,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="multi-turn: trajectories per task (single-turn: n-trajectories x turns, 1 turn)")
     p.add_argument("--turns", type=int, default=4, help="multi-turn: turns per trajectory in training")
     p.add_argument("--lr", type=float, default=5e-5, help="GRPO learning rate (train.py's default for this policy)")
+    p.add_argument("--near-misses", type=int, default=3,
+                   help="warm start: near misses of each correct library kernel, judged for real, whose feedback is "
+                        "followed by the fix (warm_start.py --near-misses; 0: the policy train.py starts from)")
     p.add_argument("--train-args", default="", help="more train.py flags for every run")
     # held-out evaluation
     p.add_argument("--pool", type=int, default=8, help="trajectories per held-out task and policy (parallel, up to k)")
@@ -253,6 +278,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("seeds", "steps", "n_trajectories", "turns", "pool", "eval_turns", "budget"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.near_misses < 0:
+        raise SystemExit("--near-misses must be at least 0")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but no GPU is visible")
     args.out_dir = Path(args.out_dir or REPO / "runs" / f"kevin_table_{args.device}")
@@ -292,7 +319,8 @@ def make_table(args, argv: list[str]) -> None:
     began = time.time()
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    policy = warm_policy.policy(args.device)
+    policy = warm_policy.policy(args.device, near_misses=args.near_misses)
+    claim_out_dir(out, policy.name)
     report = json.loads((policy / "warm_start.json").read_text())
     max_tokens = report["longest_reply_tokens"] + 32
     args.tasks = str(warm_policy.DEFAULT_TASKS[args.device])
@@ -322,7 +350,9 @@ def make_table(args, argv: list[str]) -> None:
     n, t = args.n_trajectories, args.turns
     settings = {"device": args.device, "policy": warm_policy.shown(policy), "seeds": args.seeds, "steps": args.steps,
                 "train_tasks": ", ".join(sorted(train_ids)), "multi": f"{n} x {t}", "single": f"{n * t} x 1",
-                "kernels_per_step": n * t, "heldout_tasks": ", ".join(sorted(heldout_ids)), "pool": args.pool,
+                "kernels_per_step": n * t, "near_misses": args.near_misses,
+                "wrong_misses": sum(m["status"] != "correct" for m in report.get("near_misses", [])),
+                "heldout_tasks": ", ".join(sorted(heldout_ids)), "pool": args.pool,
                 "eval_turns": args.eval_turns, "budget": args.budget}
     text = markdown(agg, training, verdicts, settings, command_line(argv))
     results = args.results

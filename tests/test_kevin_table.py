@@ -64,7 +64,8 @@ def test_the_markdown_says_the_command_every_section_and_the_verdict_in_words(tm
     training = {k: {"score_first": [0.1] * 3, "score_last": [0.4] * 3, "correct_first": [0.2] * 3,
                     "correct_last": [0.6] * 3} for k in ("multi", "single")}
     settings = {"device": "cpu", "policy": "p", "seeds": 3, "steps": 4, "train_tasks": "a", "multi": "2 x 2",
-                "single": "4 x 1", "kernels_per_step": 4, "heldout_tasks": "b", "pool": 8, "eval_turns": 1, "budget": 8}
+                "single": "4 x 1", "kernels_per_step": 4, "heldout_tasks": "b", "pool": 8, "eval_turns": 1, "budget": 8,
+                "near_misses": 3, "wrong_misses": 11}
     text = kt.markdown(agg, training, [kt.verdict(agg, "1x8")], settings, "python bench/kevin_table.py --device cpu")
     assert "    python bench/kevin_table.py --device cpu" in text
     for section in ("## Training", "## Held-out, 8 kernels", "## Held-out, serial", "## Held-out, parallel",
@@ -75,3 +76,16 @@ def test_the_markdown_says_the_command_every_section_and_the_verdict_in_words(tm
     assert "| multi-turn RL | 1 x 8 | 100% ± 0% |" in text
     assert "| multi-turn RL | 0.10 ± 0.00 | 0.40 ± 0.00 |" in text  # training scores, no x
     assert kt.cell([0.25, 0.35], unit="") == "0.30 ± 0.05"  # a score, not a speedup
+    assert "also seen 11 near misses of its correct kernels (3 drawn from each" in text
+    assert "- refinement, multi-turn RL: one trajectory correct by turn 1 minus by turn 1 +0% ± 0%." in text
+
+
+def test_an_out_dir_whose_runs_another_policy_made_is_refused_not_taken_as_finished(tmp_path):
+    kt.claim_out_dir(tmp_path, "cpu-2x128-aaa")
+    (tmp_path / "runs").mkdir()
+    kt.claim_out_dir(tmp_path, "cpu-2x128-aaa")  # its own runs: goes on
+    with pytest.raises(SystemExit, match="holds runs of another policy than cpu-2x128-bbb"):
+        kt.claim_out_dir(tmp_path, "cpu-2x128-bbb")
+    (tmp_path / "policy.txt").unlink()  # runs made before the marker: whose, unknown
+    with pytest.raises(SystemExit, match="another policy"):
+        kt.claim_out_dir(tmp_path, "cpu-2x128-aaa")
