@@ -39,6 +39,7 @@ Usage:
   python evaluate.py IN.jsonl > OUT.jsonl        # records with `task` and `code`; `-` reads stdin
   python evaluate.py IN.jsonl -o OUT.jsonl       # appends as results finish; a re-run resumes
   python evaluate.py                              # the hand-written kernels in solutions/, GPU if any
+  python evaluate.py IN.jsonl -o OUT.jsonl --ray auto   # on the nodes of a Ray cluster (docs/cluster.md)
 """
 from __future__ import annotations
 

@@ -240,10 +240,12 @@ class BuildCache:
     `slots` bounds the build work going on at once: a build child holds one (`slot()`) while it imports its
     candidate and while the extensions it asks for are compiled, and gives it back while it waits for an
     extension another child's request is building. A file lock beside each folder keeps other evaluators
-    sharing the cache out while it is built."""
+    sharing the cache out while it is built. `shared` (on a cluster, kevin/ray_pool.py) is asked for another node's
+    build before one is compiled here, and told of each build done here."""
 
-    def __init__(self, root: Path, arch: str, slots: int, compile, timeout_s: float):
+    def __init__(self, root: Path, arch: str, slots: int, compile, timeout_s: float, shared=None):
         self.root, self.arch, self.compile, self.timeout_s = root, arch, compile, timeout_s
+        self.shared = shared
         self.slots = threading.Semaphore(max(1, slots))
         self.locks: dict[str, threading.Lock] = {}  # by extension digest, and by light folder
         self.guard = threading.Lock()
@@ -298,14 +300,23 @@ class BuildCache:
         try:
             with open(self.root / f"{digest}.lock", "w") as held:
                 fcntl.flock(held, fcntl.LOCK_EX)
-                if not _matches_digest(library):
+                if not _matches_digest(library) and not self._shipped(digest, library):
                     with self.slot():  # a run child's request holds none of its own
                         outcome = self._build(dict(arguments, build_directory=str(folder)), folder, library)
+                    if self.shared is not None:
+                        self.shared.publish(digest, None if outcome else library)
                     if outcome:
                         return outcome
         finally:
             lock.release()
         return {"library": str(library), "name": arguments["name"]}
+
+    def _shipped(self, digest: str, library: Path) -> bool:
+        """Whether another node's build of the extension is now `library` (waiting for one gives the slot back)."""
+        if self.shared is None:
+            return False
+        with self._slot_given_back():
+            return self.shared.fetch(digest, library)
 
     def _build(self, arguments: dict, folder: Path, library: Path) -> dict | None:
         shutil.rmtree(folder, ignore_errors=True)

@@ -120,6 +120,10 @@ class EvalConfig:
     """largest difference allowed between those runs, relative to the output's largest magnitude (at least 4
     epsilons of its dtype): a deterministic kernel repeats every bit, fp32 atomics differ by ~1e-7 of it, a race
     in a tiled GEMM by ~1e-2"""
+    ray: str | None = None
+    """address of a Ray cluster (host:port, or 'auto': the one this machine joined with `ray start`) whose nodes
+    evaluate the candidates: an evaluator like this one per GPU of every node (per node without GPUs, building on
+    the node's CPUs), builds shipped between nodes, not repeated (kevin/ray_pool.py, docs/cluster.md)"""
     copy_parameters: bool = False
     """copy the reference's parameters and buffers into ModelNew (where a shape occurs once on each side) before
     judging: the kernel judged apart from how ModelNew initialised its weights"""
@@ -138,6 +142,8 @@ class EvalConfig:
                      "compile_timeout_s": POSITIVE, "run_timeout_s": POSITIVE,
                      "min_own_kernel_share": SHARE, "max_copy_share": SHARE,
                      "max_reference_slowdown": ("be at least 1", lambda value: value >= 1)})
+        if self.ray is not None and self.gpus is not None:
+            raise ValueError("--gpus picks GPUs of this machine; with --ray every GPU of the cluster evaluates")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -253,7 +259,12 @@ def charged(outcome: dict) -> str:
 
 
 def resolve_device(cfg: EvalConfig) -> tuple[str, list[str]]:
-    """('cuda' or 'cpu', the torch devices that run candidates, one worker each)."""
+    """('cuda' or 'cpu', the torch devices that run candidates, one worker each; with --ray, one name per pool of the
+    cluster's)."""
+    if cfg.ray:
+        from kevin.ray_pool import cluster_device
+
+        return cluster_device(cfg)
     kind = cfg.device
     if kind == "auto":
         kind = "cuda" if torch.cuda.device_count() > 0 else "cpu"
@@ -276,7 +287,8 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
     reply). `on_result(index, result)` is called as each finishes. Identical (task, code) pairs are
     evaluated once and share the result."""
     results: list[dict | None] = [None] * len(records)
-    with Evaluator(cfg or EvalConfig(), [str(r.get("task", "")) for r in records], on_result=on_result) as evaluator:
+    with open_evaluator(cfg or EvalConfig(), [str(r.get("task", "")) for r in records],
+                        on_result=on_result) as evaluator:
         evaluator.submit(records, range(len(records)))
         left = len(records)
         while left:
@@ -284,6 +296,16 @@ def evaluate(records: list[dict], cfg: EvalConfig | None = None, on_result=None)
                 results[i] = result
                 left -= 1
     return results
+
+
+def open_evaluator(cfg: EvalConfig, tasks: list[str], expected: int = 0, on_result=None):
+    """An `Evaluator` on this machine, or with --ray its stand-in that hands the candidates to the cluster's nodes
+    (kevin/ray_pool.py: Ray is imported there, in that mode only)."""
+    if cfg.ray:
+        from kevin.ray_pool import ClusterEvaluator
+
+        return ClusterEvaluator(cfg, tasks, expected, on_result)
+    return Evaluator(cfg, tasks, expected, on_result)
 
 
 SANDBOX_RULE = ("[sandbox] the candidate made a system call the sandbox forbids (a network socket, ptrace, "
@@ -372,10 +394,12 @@ class Evaluator:
     `expected`: how many records later submissions will still bring, at most: while any may come, a judge and
     runner pair is kept set up for the next. Results come back from `wait` (and to `on_result(tag, result)`, in
     the thread that finished it). Leaving the `with` waits for every thread; after an error or a Ctrl-C it stops
-    every child first."""
+    every child first. `shipped_builds`: on a cluster, the build cache's link to the other nodes' builds
+    (kevin/ray_pool.py)."""
 
-    def __init__(self, cfg: EvalConfig, tasks: list[str], expected: int = 0, on_result=None):
+    def __init__(self, cfg: EvalConfig, tasks: list[str], expected: int = 0, on_result=None, shipped_builds=None):
         self.cfg, self.expected, self.on_result = cfg, expected, on_result
+        self.shipped_builds = shipped_builds
         self.kind, self.devices = resolve_device(cfg)
         self.mechanisms = sandbox_mechanisms(cfg.sandbox)
         self.index = index_tasks(cfg.tasks) if Path(cfg.tasks).exists() else {}
@@ -411,7 +435,8 @@ class Evaluator:
                                     hidden_from_children())
         self.settings = child_settings(self.kind, readable, self.mechanisms)
         self.cache = BuildCache(Path(self.build_root), self.settings["run"].env.get("TORCH_CUDA_ARCH_LIST", ""),
-                                self.cfg.compile_workers, self.compile, self.cfg.compile_timeout_s)
+                                self.cfg.compile_workers, self.compile, self.cfg.compile_timeout_s,
+                                self.shipped_builds)
         self.workdir = tempfile.mkdtemp(prefix="eval-", dir=self.build_root)
         if self.cfg.progress:
             from tqdm import tqdm
