@@ -131,7 +131,7 @@ def parse_args(argv=None) -> GenerateConfig:
 
 def roll_out(todo: list[tuple[Task, int]], backend, args: GenerateConfig, device: str):
     """Yield the finished trajectory records of each group of --tasks-per-batch tasks, all turns done."""
-    eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules)
+    eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules, ray=args.ray)
     size = (args.tasks_per_batch or len(todo)) * args.n_trajectories
     groups = [todo[i:i + size] for i in range(0, len(todo), size)]
     with tqdm(total=len(todo) * args.turns, desc="rollouts", unit="turn", file=sys.stderr) as progress:

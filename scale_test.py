@@ -257,7 +257,7 @@ def live_beam(generate_args: list[str], width: int, turns: int, keep: int, path:
         return done
     device = kernel_device(args)
     backend = make_backend(args)
-    eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules)
+    eval_config = EvalConfig(device=device, gpus=args.gpus, rules=args.rules, ray=args.ray)
     for task in todo:
         def step(states: list[dict]) -> list[dict]:
             for position, state in enumerate(states):

@@ -632,8 +632,8 @@ def setup(args: TrainConfig) -> Run:
     elif args.backend == "vllm-server":
         backend = ServedEngine(args.base_url, tokenizer, args.temperature, args.max_tokens, dtype,
                                Path(args.out) / "weights", accelerator.is_main_process)
-    eval_config = EvalConfig(device=args.device,
-                             gpus=[state.local_process_index] if args.device == "cuda" else None,
+    eval_config = EvalConfig(device=args.device, ray=args.ray,  # on a cluster, every rank shares its evaluators
+                             gpus=[state.local_process_index] if args.device == "cuda" and not args.ray else None,
                              compile_workers=max(1, len(os.sched_getaffinity(0)) // world), progress=False,
                              rules=args.rules)
     return Run(accelerator, model, optimizer, tokenizer,

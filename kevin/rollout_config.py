@@ -42,6 +42,9 @@ class RolloutConfig:
     overlap: bool = False
     """generate each trajectory's next turn as soon as its own kernel is judged, while the others still build and
     run, instead of once every kernel of the turn is judged; the same records (docs/generation.md)"""
+    ray: str | None = EvalConfig.ray
+    """address of a Ray cluster (host:port, or 'auto') whose nodes evaluate the kernels, one evaluator per GPU of
+    every node, instead of this machine alone (docs/cluster.md)"""
     gpu_memory_utilization: float = 0.9
     """vllm: share of GPU memory the engine takes (on a CPU build: of host memory; lower it there)"""
 

@@ -7,7 +7,7 @@ import time
 import zlib
 
 from kevin.backends import HFBackend, OpenAIBackend, VLLMBackend, check_model, check_vllm
-from kevin.evaluator import EvalConfig, Evaluator, resolve_device
+from kevin.evaluator import EvalConfig, open_evaluator, resolve_device
 from kevin.prompts import fit_prompt, parse_reply, split_reasoning
 from kevin.rollout_config import GenerateConfig
 from kevin.tasks import Task
@@ -61,7 +61,7 @@ def run_turns(records: list[dict], tasks: list[Task], backend, eval_config: Eval
     goal = [len(record["turns"]) + turns for record in records]
     ready, judging, pending = list(range(len(records))), 0, {}
     seconds = {"generate": 0.0}
-    with Evaluator(eval_config, [str(task.path) for task in tasks], expected=len(records) * turns) as evaluator:
+    with open_evaluator(eval_config, [str(task.path) for task in tasks], expected=len(records) * turns) as evaluator:
         while ready or judging:
             if ready and (overlap or not judging):
                 generating = time.perf_counter()
@@ -100,4 +100,4 @@ def make_backend(args: GenerateConfig):
 def kernel_device(args: GenerateConfig) -> str:
     """'cuda' or 'cpu' (--device auto resolved): where candidates run, so which kernels the prompts ask for.
     An impossible choice (cuda without a GPU, --gpus not visible) stops the run here, before any generation."""
-    return resolve_device(EvalConfig(device=args.device, gpus=args.gpus))[0]
+    return resolve_device(EvalConfig(device=args.device, gpus=args.gpus, ray=args.ray))[0]
