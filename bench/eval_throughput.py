@@ -22,6 +22,8 @@ distinct build), a copy with a compile error, and an exact duplicate.
     python bench/eval_throughput.py --report a.json b.json --out results/eval_throughput_h200.json
     python bench/eval_throughput.py --device cpu                                 # the same machinery on a CPU
     python bench/eval_throughput.py --part evaluate --tree .old --save before.json  # an older checkout's evaluator
+    python bench/eval_throughput.py --part evaluate --ray auto --save ray.json  # (b) through a Ray cluster (its
+                                                                                #   overhead, on a one-node one)
 """
 import argparse
 import json
@@ -187,15 +189,17 @@ def candidate_set(kind: str) -> list[dict]:
     return [v for r in firsts.values() for v in variants(r)]
 
 
-def run_part(part: str, records: list[dict], kind: str, tasks_dir: str) -> dict:
-    """(a) or (b) on every core this process may use; (b) on every visible GPU, (a) on the first."""
+def run_part(part: str, records: list[dict], kind: str, tasks_dir: str, ray: str | None = None) -> dict:
+    """(a) or (b) on every core this process may use; (b) on every visible GPU, (a) on the first; with `ray`, (b) on
+    the pools of that cluster, each building on its node's CPUs."""
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as workdir:
         if part == "baseline":
             device = "cpu" if kind == "cpu" else "cuda:0"
             return run_baseline(records, ev.index_tasks(tasks_dir), device, Path(workdir), cores)
         return run_evaluator(records, ev.EvalConfig(device=kind, tasks=tasks_dir, build_dir=workdir,
-                                                    compile_workers=cores))
+                                                    compile_workers=cores,  # an older --tree has no `ray`
+                                                    **({"ray": ray} if ray else {})))
 
 
 def main():
@@ -210,6 +214,8 @@ def main():
     p.add_argument("--out", help="write every number to this JSON file")
     p.add_argument("--tree", default=str(TREE), help="the checkout whose evaluate.py judges in (b) (default: this one); "
                    "the candidates are always this checkout's, so two trees can be compared on the same ones")
+    p.add_argument("--ray", help="(b) through the Ray cluster at this address (or auto), started with `ray start "
+                   "--head` on this machine: Ray's overhead against (b) alone (docs/cluster.md)")
     args = p.parse_args()
     if args.part and not args.save:
         p.error("--part needs --save")
@@ -223,13 +229,13 @@ def main():
     if args.report:
         baseline, ours = (json.loads(Path(f).read_text()) for f in args.report)
     elif args.part:
-        run = run_part(args.part, records, kind, tasks_dir)
+        run = run_part(args.part, records, kind, tasks_dir, args.ray)
         Path(args.save).write_text(json.dumps(run))
         print(f"{args.part}: {len(records) / run['wall_s'] * 60:.1f} kernels/min ({run['wall_s']:.0f} s)")
         return
     else:
         baseline = run_part("baseline", records, kind, tasks_dir)
-        ours = run_part("evaluate", records, kind, tasks_dir)
+        ours = run_part("evaluate", records, kind, tasks_dir, args.ray)
 
     def per_minute(run: dict) -> float:
         return len(records) / run["wall_s"] * 60
