@@ -27,6 +27,7 @@ import socket
 import sys
 import sysconfig
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -92,6 +93,23 @@ def settings_key(cfg, tasks: list[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def start_pool(name: str, place: dict, cfg, tasks: list[str], libraries):
+    """The pool of that name (another driver's with the same settings), else a new one on its node, once it has
+    set itself up. One of a driver that has just ended may still be going: it is waited out (three tries)."""
+    for attempt in range(3):
+        pool = Pool.options(name=name, get_if_exists=True, num_cpus=0, num_gpus=1 if place["gpu"] else 0,
+                            max_concurrency=10_000,
+                            scheduling_strategy=NodeAffinitySchedulingStrategy(place["node"], soft=False)
+                            ).remote(cfg, tasks, libraries)
+        try:
+            ray.get(pool.ready.remote())
+            return pool
+        except RayActorError as e:
+            error = str(e).strip().splitlines()[-1]
+            time.sleep(2 ** attempt)
+    raise SystemExit(f"error: --ray: the evaluator on {place['address']} did not start: {error}")
+
+
 class ClusterEvaluator:
     """The `Evaluator`'s stand-in on a cluster: `submit(records, tags)`, `wait()` for (tag, result) pairs,
     `seconds()`, used as a context manager. Results come back in the caller's thread, from `wait`."""
@@ -105,17 +123,8 @@ class ClusterEvaluator:
         for number, place in enumerate(places):
             local = dataclasses.replace(cfg, ray=None, device=self.kind, gpus=None, progress=False,
                                         compile_workers=place["cpus"])
-            pool = Pool.options(name=f"pool-{key}-{place['node'][:16]}-{number}", get_if_exists=True, num_cpus=0,
-                                num_gpus=1 if place["gpu"] else 0, max_concurrency=10_000,
-                                scheduling_strategy=NodeAffinitySchedulingStrategy(place["node"], soft=False)
-                                ).remote(local, tasks, self.libraries)
+            pool = start_pool(f"pool-{key}-{place['node'][:16]}-{number}", place, local, tasks, self.libraries)
             self.pools[pool] = (place["address"], place["cpus"] + cfg.spare_children)
-        for pool, (address, _) in list(self.pools.items()):
-            try:
-                ray.get(pool.ready.remote())
-            except RayActorError as e:
-                raise SystemExit(f"error: --ray {cfg.ray}: the evaluator on {address} did not start: "
-                                 f"{str(e).strip().splitlines()[-1]}") from None
         self.waiting: collections.deque = collections.deque()  # (record, tags) not yet handed to a pool
         self.running: dict = {}  # the call's ObjectRef -> (pool, record, tags)
 
