@@ -219,8 +219,9 @@ def test_a_build_on_one_node_is_shipped_to_another_not_repeated(cluster, tmp_pat
 def test_a_worker_killed_mid_run_costs_only_its_candidates_which_run_again_on_the_other(cluster, build_dir, tmp_path):
     """Once the first result is written, one worker node dies (raylet, workers and children, SIGKILL): every
     candidate still gets its true verdict, each line once, in order; the run says what it ran again. (Last in
-    the module: the cluster has one worker from here on.)"""
-    records = copies(MIXED[0], 8)
+    the module: the cluster has one worker from here on.) The first candidate is quick and built first; the others
+    sleep a little in every call, so that both pools still hold some when the node dies."""
+    records = [{**MIXED[0], "copy": 0}] + copies(slow_relu(), 8)[1:]  # the first written while the others run
     source, out = write(tmp_path / "in.jsonl", records), tmp_path / "out.jsonl"
     run = subprocess.Popen(cli(str(source), "-o", str(out), "--ray", cluster.address, *FAST, "--build-dir",
                                build_dir), cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -230,3 +231,13 @@ def test_a_worker_killed_mid_run_costs_only_its_candidates_which_run_again_on_th
     assert run.returncode == 0, stderr
     assert re.search(r"the evaluator on \S+ is gone \(its node died\?\): its [1-9]\d* candidate", stderr), stderr
     assert verdicts(out.read_text().splitlines()) == [(MIXED[0]["solution"], n, "correct", []) for n in range(8)]
+
+
+def slow_relu() -> dict:
+    """The honest C++ ReLU taking 0.2 s a call (asleep, holding no core): a few seconds to judge, so that the pools
+    still hold candidates when a node dies."""
+    record = MIXED[0]
+    code = record["code"].replace("return relu_ext.relu(x.contiguous())",
+                                  "import time; time.sleep(0.2); return relu_ext.relu(x.contiguous())")
+    assert code != record["code"]
+    return {**record, "code": code}
