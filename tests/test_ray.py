@@ -7,10 +7,12 @@ would stop every Ray node of the machine)."""
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +24,9 @@ from kevin import evaluator as ev  # noqa: E402
 from kevin import ray_pool  # noqa: E402
 from kevin.build_cache import extension_key  # noqa: E402
 from kevin.eval_records import library_records  # noqa: E402
+
+# one cluster for the module, on one xdist worker: two clusters on two cores starve each other's actors
+pytestmark = pytest.mark.xdist_group("ray")
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = str(ROOT / "tests" / "tasks")
@@ -81,10 +86,14 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cluster = Cluster(tmp_path_factory.mktemp("ray"))
+def cluster():
+    """In a short folder of /tmp: Ray's sockets live under its temp dir, and a Unix socket's path has at most 107
+    bytes, which pytest's own temp folders (under xdist) exceed."""
+    folder = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    cluster = Cluster(folder)
     yield cluster
     cluster.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -867,7 +867,7 @@ def test_bad_input_under_a_launch_is_said_once_by_the_first_process(tmp_path, ar
                           "--n-trajectories", "1", "--window", "1"],
      "interrupted: 0 of 2 GRPO runs finished in {out}/runs; the same command goes on from there (a run cut short "
      "from its last checkpoint)"),
-    ("kevin_table.py", ["--turns", "1", "--n-trajectories", "1", "--pool", "1", "--eval-turns", "1", "--budget", "1",
+    ("kevin_table.py", ["--near-misses", "0", "--turns", "1", "--n-trajectories", "1", "--pool", "1", "--eval-turns", "1", "--budget", "1",
                         "--results", "{out}/results"],
      "interrupted: 0 of 2 training runs finished in {out}/runs, the held-out pools kept as far as written in "
      "{out}/pools; the same command goes on from there"),
