@@ -36,6 +36,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 NAMESPACE = "kevin"
+POOL_START_S = 60.0  # how long a new pool waits out the named pool of a driver that is ending
 SHIPPED_WAIT_S = 900.0  # the longest a pool waits for another node's build of an extension before building it itself
 
 
@@ -95,19 +96,21 @@ def settings_key(cfg, tasks: list[str]) -> str:
 
 def start_pool(name: str, place: dict, cfg, tasks: list[str], libraries):
     """The pool of that name (another driver's with the same settings), else a new one on its node, once it has
-    set itself up. One of a driver that has just ended may still be going: it is waited out (three tries)."""
-    for attempt in range(3):
+    set itself up. One of a driver that has just ended may still be going: it is waited out (up to a minute)."""
+    deadline = time.monotonic() + POOL_START_S
+    while True:
         pool = Pool.options(name=name, get_if_exists=True, num_cpus=0, num_gpus=1 if place["gpu"] else 0,
-                            max_concurrency=10_000,
                             scheduling_strategy=NodeAffinitySchedulingStrategy(place["node"], soft=False)
                             ).remote(cfg, tasks, libraries)
         try:
             ray.get(pool.ready.remote())
             return pool
         except RayActorError as e:
-            error = str(e).strip().splitlines()[-1]
-            time.sleep(2 ** attempt)
-    raise SystemExit(f"error: --ray: the evaluator on {place['address']} did not start: {error}")
+            if time.monotonic() > deadline:
+                reason = [line.strip() for line in str(e).splitlines() if line.strip()][-2:]
+                raise SystemExit(f"error: --ray: the evaluator on {place['address']} did not start: "
+                                 + " ".join(reason)) from None
+            time.sleep(2)
 
 
 class ClusterEvaluator:
@@ -199,7 +202,8 @@ class ClusterEvaluator:
 @ray.remote
 class Pool:
     """One evaluator on its node: today's `Evaluator`, kept open for the pool's life, judging each `judge` call as
-    a submission of one record (calls from every driver run at once, each in a thread of this actor)."""
+    a submission of one record. Calls from every driver run at once, each a coroutine waiting for its result: an
+    async actor, since a threaded one starts a thread per call it may hold, all of them up front."""
 
     def __init__(self, cfg, tasks: list[str], libraries):
         from kevin.evaluator import Evaluator
@@ -229,12 +233,12 @@ class Pool:
                 for tag, result in finished:
                     self.futures.pop(tag).set_result(result)
 
-    def judge(self, record: dict) -> dict:
+    async def judge(self, record: dict) -> dict:
         with self.lock:
             tag = next(self.tags)
             future = self.futures[tag] = Future()
         self.evaluator.submit([record], [tag])
-        return future.result()
+        return await asyncio.wrap_future(future)
 
     def seconds(self) -> dict[str, float]:
         return self.evaluator.seconds()
