@@ -161,11 +161,13 @@ def test_on_the_cluster_verdicts_and_order_are_the_single_machine_evaluators(clu
 @pytest.mark.slow
 def test_a_run_interrupted_on_the_cluster_resumes_from_what_it_wrote(cluster, build_dir, tmp_path):
     """Ctrl-C once the first result is written: exit 130 with only true results in the file; the re-run writes
-    the rest, each line once, in input order. The first candidate is quick, the others slow (slow_relu): the
-    interrupt comes while they run, however fast the machine."""
+    the rest, each line once, in input order. The first candidate is quick, the others slow (slow_relu), and each
+    pool holds one candidate at a time (no spare children): the first is written while the second still runs on
+    the other worker and the rest wait, so the interrupt finds work left however fast the machine."""
     records = [{**MIXED[0], "copy": 0}] + copies(slow_relu(), 6)[1:]
     source, out = write(tmp_path / "in.jsonl", records), tmp_path / "out.jsonl"
-    args = cli(str(source), "-o", str(out), "--ray", cluster.address, *FAST, "--build-dir", build_dir)
+    args = cli(str(source), "-o", str(out), "--ray", cluster.address, *FAST, "--build-dir", build_dir,
+               "--spare-children", "0")
     first = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     wait_for_lines(out, 1, first)
     first.send_signal(signal.SIGINT)
