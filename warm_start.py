@@ -443,12 +443,10 @@ def main(argv=None) -> None:
         raise SystemExit(130) from None
 
 
-def run(args: WarmStartConfig, accelerator, checkpoint: dict) -> None:
-    """Judge the library, build the examples and the model, fine-tune from `checkpoint`, check, write."""
-    started = time.perf_counter()
-    set_seed(args.seed)
-
-    variants = load_library(args.library)
+def library_examples(args: WarmStartConfig, accelerator, checkpoint: dict, variants: list[dict]
+                     ) -> tuple[list[dict], list[dict]]:
+    """(every task's examples, the near misses judged): the library judged first (its statuses make the turns'
+    feedback) and, for fix examples, its near misses; each verdict kept in `checkpoint` for a resumed run."""
     tasks = {task.id: task for task in load_tasks(str(args.tasks), None)}
     missing = sorted({v["task"] for v in variants} - set(tasks))
     if missing:
@@ -472,7 +470,16 @@ def run(args: WarmStartConfig, accelerator, checkpoint: dict) -> None:
         examples += [dict(e, task=task_id) for e in sft_examples(
             tasks[task_id].source, mine, args.turns, args.paths, args.device, rng,
             [m for m in misses if m["task"] == task_id])]
+    return examples, judged
 
+
+def run(args: WarmStartConfig, accelerator, checkpoint: dict) -> None:
+    """Judge the library, build the examples and the model, fine-tune from `checkpoint`, check, write."""
+    started = time.perf_counter()
+    set_seed(args.seed)
+
+    variants = load_library(args.library)
+    examples, judged = library_examples(args, accelerator, checkpoint, variants)
     say(accelerator, f"{len(examples)} examples from {len(variants)} variants; fine-tuning {args.model} for "
                      f"{args.epochs} epochs")
     model, tokenizer = load_model(args)
