@@ -24,6 +24,7 @@ from kevin import evaluator as ev  # noqa: E402
 from kevin import ray_pool  # noqa: E402
 from kevin.build_cache import extension_key  # noqa: E402
 from kevin.eval_records import library_records  # noqa: E402
+from test_evaluate import start_for_ctrl_c  # noqa: E402
 
 # one cluster for the module, on one xdist worker: two clusters on two cores starve each other's actors
 pytestmark = pytest.mark.xdist_group("ray")
@@ -168,9 +169,9 @@ def test_a_run_interrupted_on_the_cluster_resumes_from_what_it_wrote(cluster, bu
     source, out = write(tmp_path / "in.jsonl", records), tmp_path / "out.jsonl"
     args = cli(str(source), "-o", str(out), "--ray", cluster.address, *FAST, "--build-dir", build_dir,
                "--spare-children", "0")
-    first = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    first = start_for_ctrl_c(args)  # Ctrl-C heard even where this suite runs with it ignored (a background job)
     wait_for_lines(out, 1, first)
-    first.send_signal(signal.SIGINT)
+    os.killpg(first.pid, signal.SIGINT)
     _, stderr = first.communicate(timeout=120)
     assert first.returncode == 130, stderr
     written = int(re.search(r"interrupted: (\d+) of 6 written", stderr).group(1))
