@@ -54,6 +54,7 @@ class ChildSettings:
 
 
 _CONTEXT = None
+_SERVER_START = threading.Lock()
 
 
 def _mp_context():
@@ -80,20 +81,22 @@ def start_fork_server() -> None:
     candidate's own OpenMP shares, reads the policy once, as the server imports torch. Spinning, the thread that
     called forward waits at each barrier for as long as the others are off a core, so on a busy machine its CPU
     time hid theirs from the [threads] rule (an OpenMP Swish judged correct in 2 of 5 runs beside two niced
-    busy processes; 0 of 5 passive)."""
+    busy processes; 0 of 5 passive). Every child's start comes through here, so that no caller can start the
+    server another way (the suite's earlier tests once did, and the rule then missed the Swish again)."""
     _mp_context()
-    multiprocessing.resource_tracker.ensure_running()  # first: starting, it unblocks Ctrl-C whatever the caller did
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    policy = os.environ.get("OMP_WAIT_POLICY")
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        if policy is None:
-            os.environ.pop("OMP_WAIT_POLICY")
-        else:
-            os.environ["OMP_WAIT_POLICY"] = policy
+    with _SERVER_START:  # the environment is the process's: one thread at a time sets it and puts it back
+        multiprocessing.resource_tracker.ensure_running()  # first: starting, it unblocks Ctrl-C whatever the caller did
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        policy = os.environ.get("OMP_WAIT_POLICY")
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            if policy is None:
+                os.environ.pop("OMP_WAIT_POLICY")
+            else:
+                os.environ["OMP_WAIT_POLICY"] = policy
 
 
 @atexit.register
@@ -222,6 +225,7 @@ def start_child(job, settings: ChildSettings, log_path: str, device: str | None 
     ahead: it sets itself up while it waits. It may write its private folder (made here, next to its log,
     removed with it) and `writable`. With `peer`, one end of `peers()`, the job is `job(payload, peer)`: it
     talks to the child holding the other end directly, not through this process."""
+    start_fork_server()  # a no-op once it runs
     ctx = _mp_context()
     tmp = tempfile.mkdtemp(prefix="tmp-", dir=os.path.dirname(log_path))
     conn, child_end = ctx.Pipe()

@@ -354,3 +354,29 @@ def ask_something_odd(payload: dict) -> dict:
     conn.send_bytes(json.dumps({"request": ["not", "a", "dict"]}).encode())
     sys.stdout.flush()
     return {"reply": conn.recv()}
+
+
+def test_children_wait_asleep_in_openmp_however_the_first_is_started(tmp_path):
+    """The [threads] rule reads the CPU time of a runner's other threads; with OpenMP's threads spinning, the one
+    that called forward hides theirs on a busy machine. The fork server must start with OpenMP waiting asleep
+    whichever caller starts the first child (here a plain run_in_child, as the build cache's tests do), in a
+    fresh process so that no earlier test has started it already."""
+    script = f"""
+import json, os, sys
+sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
+from kevin import isolation
+import test_confine
+child = isolation.run_in_child(test_confine.openmp_wait_policy, {{}}, isolation.ChildSettings(env={{}}), 60,
+                               {str(tmp_path / "child.log")!r})
+print(json.dumps({{**child, "caller": os.environ.get("OMP_WAIT_POLICY")}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert (seen["policy"], seen["caller"]) == ("PASSIVE", None)  # the caller's own environment is as it was
+
+
+def openmp_wait_policy(payload: dict) -> dict:
+    """A child's job: the OpenMP wait policy its process (and the fork server it came from) started with."""
+    return {"policy": os.environ.get("OMP_WAIT_POLICY")}
