@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
     for item, names in shared.items():
         if names:
             item.add_marker(pytest.mark.xdist_group(group_of(names[0]).replace("/", ".")))
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
+    if getattr(config.option, "loadgroup", False):  # an xdist worker's collection, which the scheduler follows
         items.sort(key=lambda item: not shared[item])
 
 

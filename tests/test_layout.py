@@ -32,3 +32,13 @@ def test_a_stage_imports_no_other_stage(stage):
 def test_the_package_imports_no_stage():
     importers = {path.name: sorted(imported_modules(path) & set(STAGES)) for path in (ROOT / "kevin").glob("*.py")}
     assert {name: stages for name, stages in importers.items() if stages} == {}
+
+
+@pytest.mark.xdist_group("layout")
+def test_tests_that_share_a_fixture_run_on_one_worker(request):
+    """Run as the README runs the suite (`-n 2 --dist loadgroup`), a test's group is in its id, where pytest-xdist's
+    scheduler reads it: with pytest 9.2 and pytest-xdist 3.8 it was not, each worker made every module fixture its
+    tests needed (the sandbox's batch of attacks twice, 5 minutes)."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not run by pytest-xdist with --dist loadgroup")
+    assert request.node.nodeid.endswith("@layout"), "pip install -r requirements.txt: it keeps pytest below 9.2"
