@@ -173,7 +173,7 @@ class Runner:
         self.kernel_log = KernelLog() if self.cuda and self.defend else None
         self.timer = make_timer(self.cuda, self.flush, self.kernel_log)
         self.arena = self.model = self.tamper = self.pending = None
-        self.null_outputs: list[torch.Tensor] = []  # made once the arena's layout is known, until the import
+        self.null_outputs: list[torch.Tensor] = []  # made once the arena's layout is known (on a GPU, until the import)
         self.memory_limit: int | None = None  # bytes this process may hold, on a GPU
         self.labels: set[str] = set()
 
@@ -214,7 +214,8 @@ class Runner:
     def import_candidate(self, message: dict) -> dict:
         """The candidate imported and ModelNew built under the task's seed, the tamper check's snapshot first."""
         self.tamper = TamperCheck(self.payload)
-        self.null_outputs = []  # the calls of no model are over
+        if self.cuda:  # its memory is the candidate's from here; on the CPU the judge times the harness throughout
+            self.null_outputs = []
         candidate = import_file(self.payload["candidate"], "candidate")
         torch.manual_seed(self.payload["seed"])
         self.model = candidate.ModelNew(*self.init_inputs).to(self.device).eval()
@@ -267,8 +268,8 @@ class Runner:
         over. Every call hands them over, and the judge reads some (the spot checks): a call cannot tell whether
         it is checked, so work put off until its outputs are read is done in every call, inside the judge's
         clocks. With `null`, the call is of no model at all: what the harness alone costs, handing over included,
-        asked before the candidate is imported (its outputs made once, ahead: making an output is the model's
-        work, and the reference's)."""
+        asked before the candidate is imported (and on the CPU between its calls too; its outputs made once,
+        ahead: making an output is the model's work, and the reference's)."""
         args = self.arguments(message)
         model = (lambda *a: self.null_outputs) if message.get("null") else self.model
         held = input_spans(args)
