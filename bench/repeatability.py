@@ -3,11 +3,16 @@ solutions/<device>/ in two separate runs (fresh worker processes each time) and 
 
     python bench/repeatability.py            # on the GPU machine
     python bench/repeatability.py --runs 3 --out repeat.json
+    python bench/repeatability.py --device cpu --runs 3 --load 3 --tree ../older   # a load that comes and goes
 """
 import argparse
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 # --tree DIR: evaluate with another checkout's evaluator (an older one, say) on this checkout's candidates.
@@ -23,6 +28,9 @@ def main():
     p.add_argument("--runs", type=int, default=2, help="separate evaluation runs to compare")
     p.add_argument("--max-spread", type=float, default=0.05, help="largest relative spread counted as repeatable")
     p.add_argument("--out", help="write every number to this JSON file")
+    p.add_argument("--load", type=int, default=0, help="processes spinning on the cores during the runs, stopped and "
+                   "started again every --load-period-s: a host whose load comes and goes, as beside a training job")
+    p.add_argument("--load-period-s", type=float, default=2.0, help="seconds the load stays on, then off")
     p.add_argument("--tree", default=str(TREE), help="the checkout whose evaluate.py judges (default: this one); the "
                    "candidates are always this checkout's, so two trees can be compared on the same ones")
     args = p.parse_args()
@@ -30,7 +38,8 @@ def main():
     kind, _ = ev.resolve_device(ev.EvalConfig(device=args.device))
     records = [r for r in ev.library_records(CANDIDATES / "solutions" / kind) if ".correct_" in r["solution"]]
     tasks = str(CANDIDATES / ("tasks" if kind == "cuda" else "tests/tasks"))
-    runs = [ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks)) for _ in range(args.runs)]
+    with changing_load(args.load, args.load_period_s):
+        runs = [ev.evaluate(records, ev.EvalConfig(device=kind, tasks=tasks)) for _ in range(args.runs)]
 
     print("| kernel | " + " | ".join(f"speedup run {i + 1}" for i in range(args.runs)) + " | spread |")
     print("|---|" + "---|" * (args.runs + 1))
@@ -51,7 +60,33 @@ def main():
           f"{args.max_spread:.0%}) over {len(records)} kernels")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": kind, "tree": os.path.relpath(TREE, CANDIDATES), "kernels": rows,
-                                              "largest_spread": worst}, indent=1))
+                                              "largest_spread": worst, "load": args.load,
+                                              "load_period_s": args.load_period_s}, indent=1))
+
+
+@contextlib.contextmanager
+def changing_load(spinning: int, period_s: float):
+    """`spinning` busy processes, all paused and resumed together every `period_s` while the block runs."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(spinning)]
+    done = threading.Event()
+
+    def toggle():
+        paused = False
+        while not done.wait(period_s):
+            paused = not paused
+            for hog in hogs:
+                hog.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
+    toggler = threading.Thread(target=toggle, daemon=True)
+    toggler.start()
+    try:
+        yield
+    finally:
+        done.set()
+        toggler.join()
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
 
 
 if __name__ == "__main__":
