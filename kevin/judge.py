@@ -596,29 +596,17 @@ class Judge:
 
     def time_models(self, harness_cpu_ms: float) -> tuple[dict | None, dict, dict]:
         """(the rejection or None, each model's timed calls as (label, ms, wall ms), the judge's observation of each
-        candidate call by label as (wall seconds, CPU seconds of the runner's threads)): warm-up,
-        then the models in a random order each trial on an independent draw of inputs (written where the runner
-        reads them only as its call is asked for), so that clock drift hits them alike; random timed outputs are
-        compared with the reference's on the same inputs. The reference runs here with the runner stopped. On a GPU a
-        candidate's call takes the time the runner reports (its events, checked against what is seen from here
-        in `unobserved_time`); on the CPU it takes the CPU time the kernel counted for the runner's process, less
-        the harness's own, and the reference the CPU time of this thread: nothing the candidate's process says of
-        itself, and what other work on the machine takes from the wall clock does not count. The harness's own is
-        the least of `harness_cpu_ms` (before the import) and of a call of no model in every trial, on the last
-        trial's inputs (this trial's are not the runner's to see early): measured under the load the candidate's
-        calls saw, it cannot exceed theirs when the load eases (an honest 0.1 ms ReLU less a harness measured on a
-        busy host once read as 273x), and whatever the candidate's code does to those calls can only lower it."""
-        payload = self.payload
-        models = {"candidate": None, "reference": self.reference}
-        if payload["compile_baseline"]:
-            compiled = torch.compile(self.reference)
-            compiled(*self.make_inputs(payload["seed"]))
-            models["compiled"] = compiled
-        if self.cuda and self.defend:
-            models["timer"] = lambda *_: self.one_element()
-        harness_ms, earlier = [harness_cpu_ms], None
+        candidate call by label as (wall seconds, CPU seconds of the runner's threads)): warm-up, then the models in
+        a random order each trial on an independent draw of inputs (written where the runner reads them only as its
+        call is asked for), so that clock drift hits them alike; random timed outputs are compared with the
+        reference's on the same inputs. The reference runs here with the runner stopped. On a GPU a candidate's call
+        takes the time the runner reports (its events, checked against what is seen from here in
+        `unobserved_time`); on the CPU it takes the CPU time the kernel counted for the runner's process, less the
+        harness's own (`harness_alone`), and the reference the CPU time of this thread: nothing the candidate's
+        process says of itself, and what other work on the machine takes from the wall clock does not count."""
+        payload, models = self.payload, self.models_to_time()
+        harness_ms, inputs, observed = [harness_cpu_ms], None, {}
         calls = {name: [] for name in models}
-        observed = {}
         draws, deadline = self.unknowable.randrange(2**31), None
         self.other_threads_s = 0.0
         # on a GPU with the defences on, at least one timed call under the kernel log and one reported (below)
@@ -627,14 +615,12 @@ class Judge:
             if trial == 0:
                 deadline = time.perf_counter() + payload["timing_budget_s"]
             outputs = {}  # the last trial's freed before this one's inputs are made
-            if self.defend and not self.cuda and earlier is not None:
-                _, cpu_s, answer = self.timed_call(f"harness/{trial}", earlier, null=True)
-                if failed := self.failed(answer):
-                    return failed, calls, observed
-                harness_ms.append(cpu_s * 1e3)
+            if self.defend and not self.cuda and inputs is not None and (failed := self.harness_alone(trial, inputs,
+                                                                                                      harness_ms)):
+                return failed, calls, observed
             if self.defend or trial == -payload["warmup"]:
-                seed, inputs, earlier = draws + trial, None, None
-                inputs = earlier = self.make_inputs(seed)
+                seed, inputs = draws + trial, None
+                inputs = self.make_inputs(seed)
             checked = self.defend and (trial in (0, trials - 1) or self.unknowable.random() < 0.25)
             # the logged calls are the ones the checks read, the others' times the reported ones
             logged = not (self.cuda and self.defend) or trial < 0 or trial % 2 == 1
@@ -668,11 +654,32 @@ class Judge:
             if trial + 1 >= 10 and time.perf_counter() > deadline:
                 break
         if not self.cuda:
-            calls["candidate"] = [(label, max(0.0, ms - min(harness_ms)), wall)
-                                  for label, ms, wall in calls["candidate"]]
+            calls["candidate"] = [(label, max(0.0, ms - min(harness_ms)), wall) for label, ms, wall in calls["candidate"]]
         if self.defend and not self.cuda and (why := other_threads_worked(self.other_threads_s, observed)):
             return self.rejected(why), calls, observed
         return None, calls, observed
+
+    def models_to_time(self) -> dict:
+        """The models timed side by side, by name (the candidate's calls are the runner's): the reference, torch.compile
+        of it where asked, and on a GPU with the defences on the judge's own one-element kernel (the host's load)."""
+        models = {"candidate": None, "reference": self.reference}
+        if self.payload["compile_baseline"]:
+            compiled = torch.compile(self.reference)
+            compiled(*self.make_inputs(self.payload["seed"]))
+            models["compiled"] = compiled
+        if self.cuda and self.defend:
+            models["timer"] = lambda *_: self.one_element()
+        return models
+
+    def harness_alone(self, trial: int, inputs: list, harness_ms: list[float]) -> dict | None:
+        """On the CPU, a call of no model in every trial, on the last trial's inputs (this trial's are not the
+        runner's to see early), its CPU time added to `harness_ms`, whose least is taken off the candidate's calls:
+        measured under the load those calls saw, it cannot exceed theirs as the load eases (a harness measured only
+        before the import, on a busy host, once read an honest 0.1 ms ReLU as 273x), and whatever the candidate's
+        code does to these calls can only lower it."""
+        _, cpu_s, answer = self.timed_call(f"harness/{trial}", inputs, null=True)
+        harness_ms.append(cpu_s * 1e3)
+        return self.failed(answer)
 
     def timed_output_wrong(self, seed: int, expected, call: int) -> dict:
         """What a wrong timed output says, asked of the candidate again outside the timer, as the correctness
