@@ -294,22 +294,32 @@ class BuildCache:
         library = folder / f"{arguments['name']}.so"
         with self.guard:
             lock = self.locks.setdefault(digest, threading.Lock())
-        if not lock.acquire(blocking=False):
-            with self._slot_given_back():  # another request is building it: wait without holding a slot
+        if lock.acquire(blocking=False):
+            outcome = self._made(lock, digest, arguments, folder, library)
+        else:
+            # another request is building it: wait, and look at what it made, with no slot, taken back only once the
+            # lock is let go (a waiter that took it back first held the lock while it waited for a slot, and a run's
+            # request for the same extension waited on other candidates' builds: an honest kernel timed out so)
+            with self._slot_given_back():
                 lock.acquire()
+                outcome = self._made(lock, digest, arguments, folder, library)
+        return outcome or {"library": str(library), "name": arguments["name"]}
+
+    def _made(self, lock: threading.Lock, digest: str, arguments: dict, folder: Path, library: Path) -> dict | None:
+        """With the extension's lock held (let go here): its library built where it is not yet (across processes
+        too), and None, or the build's failure."""
         try:
             with open(self.root / f"{digest}.lock", "w") as held:
                 fcntl.flock(held, fcntl.LOCK_EX)
-                if not _matches_digest(library) and not self._shipped(digest, library):
-                    with self.slot():  # a run child's request holds none of its own
-                        outcome = self._build(dict(arguments, build_directory=str(folder)), folder, library)
-                    if self.shared is not None:
-                        self.shared.publish(digest, None if outcome else library)
-                    if outcome:
-                        return outcome
+                if _matches_digest(library) or self._shipped(digest, library):
+                    return None
+                with self.slot():  # a run child's request holds none of its own
+                    outcome = self._build(dict(arguments, build_directory=str(folder)), folder, library)
+                if self.shared is not None:
+                    self.shared.publish(digest, None if outcome else library)
+                return outcome
         finally:
             lock.release()
-        return {"library": str(library), "name": arguments["name"]}
 
     def _shipped(self, digest: str, library: Path) -> bool:
         """Whether another node's build of the extension is now `library` (waiting for one gives the slot back)."""
@@ -395,7 +405,12 @@ def _sha256(path: Path) -> str:
 
 
 def _record_digest(path: Path) -> None:
-    _digest_file(path).write_text(_sha256(path))
+    """Written beside and renamed over, never into the old file: whoever reads it sees one digest or the other, and
+    a digest file linked from elsewhere (the suite links one cache's headers into the next) keeps its own."""
+    digest = _digest_file(path)
+    partial = digest.with_name(f"{digest.name}.{os.getpid()}.{threading.get_ident()}")
+    partial.write_text(_sha256(path))
+    os.replace(partial, digest)
 
 
 def _matches_digest(path: Path) -> bool:

@@ -5,6 +5,8 @@ flag that is not one plain argument, or that would write elsewhere, is refused b
 no compile child that builds an extension may write what other builds read."""
 import itertools
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -77,7 +79,7 @@ def relu(name: str, **flags) -> dict:
     return {"name": name, "cpp_sources": RELU, "functions": ["relu"], "extra_cflags": ["-O3"], **flags}
 
 
-def cache_compiling_in_children(tmp_path: Path) -> build_cache.BuildCache:
+def cache_compiling_in_children(tmp_path: Path, slots: int = 1) -> build_cache.BuildCache:
     """A build cache under tmp_path whose compiles run as the evaluator runs them: in compile children, boxed in
     with every mechanism this kernel has, each writing only what the cache names."""
     readable = sandbox.readable([str(tmp_path), str(ROOT)], isolation.hidden_from_children())
@@ -90,7 +92,7 @@ def cache_compiling_in_children(tmp_path: Path) -> build_cache.BuildCache:
         log = str(tmp_path / "logs" / f"compile-{next(count)}.log")
         return isolation.run_in_child(build_cache.compile_extension, payload, settings, timeout_s, log, writable)
 
-    return build_cache.BuildCache(tmp_path / "cache", "", 1, compile, 600)
+    return build_cache.BuildCache(tmp_path / "cache", "", slots, compile, 600)
 
 
 def test_flags_that_are_not_one_plain_argument_or_that_write_elsewhere_are_refused():
@@ -123,6 +125,46 @@ def test_a_refused_flag_is_a_build_error_and_nothing_is_built(tmp_path):
         r"words \(.*\): the build passes it to a shell unquoted", reply["error"]), reply
     assert not list(tmp_path.rglob("pwned")) and not list(tmp_path.rglob("build.ninja"))
     assert not list((tmp_path / "logs").iterdir())  # no compile child was started
+
+
+@slow
+def test_a_runs_request_waits_for_its_extensions_build_and_for_no_other(tmp_path):
+    """Two compile slots. A build child's thread holds one and builds a ReLU; a second, holding the other, asks for
+    the same extension, gives its slot back and waits; a third candidate's build takes that slot and keeps it.
+    Once the ReLU is built, a runner's request for it (its run timeout ticking) is answered at once: the waiter,
+    which needs no slot to find the ReLU built, must not keep the extension's lock while it waits for one (it did,
+    and with the slots busy with other builds an honest kernel timed out in the suite)."""
+    cache = cache_compiling_in_children(tmp_path, slots=2)
+    built, third_holds, release = threading.Event(), threading.Event(), threading.Event()
+
+    def build_child(then: threading.Event | None = None):  # a build child's job holds its slot throughout
+        with cache.slot():
+            if then is third_holds:
+                third_holds.set()
+            else:
+                assert "library" in cache.request(relu("relu_shared"))
+                if then is not None:
+                    then.set()
+            release.wait()
+
+    first = threading.Thread(target=build_child, args=(built,))
+    first.start()
+    while not list((tmp_path / "logs").iterdir()):  # its compile child has started: the extension's lock is held
+        time.sleep(0.01)
+    children = [first, threading.Thread(target=build_child), threading.Thread(target=build_child, args=(third_holds,))]
+    children[1].start()
+    children[2].start()  # it gets a slot only once the second has given its own back
+    assert third_holds.wait(60) and built.wait(300)
+    answered = {}
+    runner = threading.Thread(target=lambda: answered.update(cache.request(relu("relu_shared"))))
+    started = time.perf_counter()
+    runner.start()
+    runner.join(timeout=30)
+    waited = time.perf_counter() - started
+    release.set()
+    for child in [*children, runner]:
+        child.join()
+    assert "library" in answered and waited < 10, waited
 
 
 @slow
