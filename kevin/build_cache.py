@@ -384,7 +384,7 @@ class BuildCache:
                                        [str(light)], self.timeout_s)
                 threading.current_thread().outcome = outcome
                 if outcome.get("built") and partial.exists():
-                    _digest_file(pch).write_text(_sha256(partial))
+                    _record_digest(pch, partial)
                     partial.rename(pch)
                 else:
                     self.unmade.add(light)  # a header that fails with these flags fails again
@@ -404,12 +404,13 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _record_digest(path: Path) -> None:
-    """Written beside and renamed over, never into the old file: whoever reads it sees one digest or the other, and
-    a digest file linked from elsewhere (the suite links one cache's headers into the next) keeps its own."""
+def _record_digest(path: Path, source: Path | None = None) -> None:
+    """The digest of `path` (of `source`, the partial file that becomes it, where given), written beside and renamed
+    over, never into the old file: whoever reads it sees one digest or the other, and a digest file linked from
+    elsewhere (the suite links one cache's headers into the next) keeps its own."""
     digest = _digest_file(path)
     partial = digest.with_name(f"{digest.name}.{os.getpid()}.{threading.get_ident()}")
-    partial.write_text(_sha256(path))
+    partial.write_text(_sha256(source or path))
     os.replace(partial, digest)
 
 
