@@ -408,10 +408,15 @@ def _record_digest(path: Path, source: Path | None = None) -> None:
     """The digest of `path` (of `source`, the partial file that becomes it, where given), written beside and renamed
     over, never into the old file: whoever reads it sees one digest or the other, and a digest file linked from
     elsewhere (the suite links one cache's headers into the next) keeps its own."""
-    digest = _digest_file(path)
-    partial = digest.with_name(f"{digest.name}.{os.getpid()}.{threading.get_ident()}")
-    partial.write_text(_sha256(source or path))
-    os.replace(partial, digest)
+    _write_whole(_digest_file(path), _sha256(source or path))
+
+
+def _write_whole(target: Path, text: str) -> None:
+    """`text` written beside `target` and renamed over it (a name of this process and thread: the evaluator's
+    threads write too), so that a reader sees the old file or the new one, and a link to the old keeps it."""
+    partial = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}")
+    partial.write_text(text)
+    os.replace(partial, target)
 
 
 def _matches_digest(path: Path) -> bool:
@@ -478,9 +483,7 @@ def write_light_headers(folder: Path) -> None:
             if target.read_text() == text:
                 continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{name}.{os.getpid()}.{threading.get_ident()}")  # the evaluator's threads
-        partial.write_text(text)
-        partial.rename(target)
+        _write_whole(target, text)
 
 
 class _NinjaFileWritten(Exception):
