@@ -17,6 +17,7 @@ and worst ratios, and writes every number to --out.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -154,7 +155,8 @@ def main():
 
 
 def summary(result: dict) -> dict:
-    return {k: result.get(k) for k in ("status", "speedup", "runtime_ms", "ref_runtime_ms", "unreported_ms")}
+    return {k: result.get(k) for k in ("status", "speedup", "runtime_ms", "ref_runtime_ms", "unreported_ms",
+                                       "floor_allowance_ms")}
 
 
 def report(rows: list[dict]) -> None:
@@ -174,12 +176,16 @@ def report(rows: list[dict]) -> None:
             worst = max(ratios, key=lambda x: abs(x - 1))
             print(f"{side}: median ratio {statistics.median(ratios):.3f}, worst {worst:.3f}, "
                   f"within 3%: {sum(abs(x - 1) <= 0.03 for x in ratios)}/{len(ratios)}")
-        unreported = sorted(row[side]["unreported_ms"] * 1e3 for row in rows
-                            if row[side].get("unreported_ms") is not None)
-        if unreported:  # how much longer than its events report the judge saw each honest kernel's call take
-            picks = {q: unreported[min(len(unreported) - 1, int(q * len(unreported)))] for q in (0.5, 0.9)}
-            print(f"{side}: the judge's clock beyond the events, µs: median {picks[0.5]:.1f}, 90% {picks[0.9]:.1f}, "
-                  f"max {unreported[-1]:.1f}")
+        for key, what in (("unreported_ms", "the judge's clock beyond the events"),
+                          ("floor_allowance_ms", "the floor's allowance")):
+            micros = sorted(row[side][key] * 1e3 for row in rows if row[side].get(key) is not None)
+            if micros:  # how much longer than its events the judge saw each honest kernel's calls take, and allowed
+                picks = {q: micros[min(len(micros) - 1, int(q * len(micros)))] for q in (0.5, 0.9)}
+                print(f"{side}: {what}, µs: min {micros[0]:.1f}, median {picks[0.5]:.1f}, 90% {picks[0.9]:.1f}, "
+                      f"max {micros[-1]:.1f}")
+        charged = [row["kernel"] for row in rows if (row[side].get("unreported_ms") or 0) >
+                   (row[side].get("floor_allowance_ms") or math.inf)]
+        print(f"{side}: charged beyond its events: {len(charged)} ({', '.join(charged) or 'none'})")
 
 
 if __name__ == "__main__":

@@ -18,20 +18,20 @@ candidate's process (the runner, runner.py) only runs it:
   judge's wall clock agrees within what the harness alone takes, measured on the same runner before the
   candidate was imported, and the GPU time of whatever the runner ran between its timed calls beyond the
   harness's own copies is added to them; and no call is paid as faster than the judge's own clock saw it take,
-  less the harness alone's time on the same inputs and a few µs (`judges_floor`); every other timed call runs under the runner's kernel log, which
+  less the harness alone's time on the same inputs and what the judge saw that vary by (`judges_floor`); every other timed call runs under the runner's kernel log, which
   slows some kernels, and is checked, the others are reported, and their time may fall short of the logged
   calls' kernels by no more than the log costs an honest kernel;
 - each request carries a number drawn here that its answer must echo: bytes the candidate writes on the
   socket are no answer.
 
 What a candidate can still influence: by rewriting its own process's native code, the GPU times it reports
-(by no more than `FLOOR_SLACK_MS` below what the judge's clock saw) and the kernel list its profiler records (the
+(by no more than `floor_allowance` below what the judge's clock saw) and the kernel list its profiler records (the
 own-kernel share); by telling the logged calls from the reported ones, its time by up to the log's cost; the judge
 decides everything else.
 
 This file is the process: the requests to the runner, the draws of inputs, the reference, the clocks read from
 outside, the memory. What it gathers is checked in judge_checks.py, pure functions tested on numbers made by hand,
-beside the slacks they allow (`FLOOR_SLACK_MS`, the log's cost).
+beside the slacks they allow (the floor's allowance, the log's cost).
 """
 from __future__ import annotations
 
@@ -46,9 +46,10 @@ import time
 
 import torch
 
-from kevin.harness import flatten_outputs, flush_buffer, identical, make_timer, peak_resident_bytes, start_task
-from kevin.judge_checks import (charge_between_calls, clock_mismatch, compare, judges_floor, log_dodging, median,
-                                other_threads_worked, own_kernel_share, repeat_disagrees, slowed_reference,
+from kevin.harness import (flatten_outputs, flush_buffer, identical, make_timer, peak_resident_bytes, start_task,
+                           wait_awake)
+from kevin.judge_checks import (charge_between_calls, clock_mismatch, compare, floor_allowance, judges_floor,
+                                log_dodging, median, other_threads_worked, own_kernel_share, repeat_disagrees, slowed_reference,
                                 unobserved_time)
 from kevin.tensor_exchange import Arena
 
@@ -157,6 +158,7 @@ class Judge:
 
     def __init__(self, payload: dict, runner):
         self.payload, self.runner, self.defend = payload, runner, payload["defences"]
+        self.awake = payload.get("spin_waits", False)  # on a core of its own: timed calls waited for awake
         self.device, self.task, init_inputs = start_task(payload)
         self.cuda = self.device.type == "cuda"
         torch.manual_seed(payload["seed"])
@@ -177,14 +179,17 @@ class Judge:
 
     # ------------------------------------------------------------------------------------------ the runner
 
-    def ask(self, message: dict, then=None) -> dict:
-        """The runner's answer to `message` (`then` run once it is sent), which must echo the request's number,
-        drawn here: bytes the candidate writes on every socket it finds are no answer (`ForgedAnswer`)."""
+    def ask(self, message: dict, then=None, awake: bool = False) -> dict:
+        """The runner's answer to `message` (`then` run once it is sent; waited for `awake`: `wait_awake`), which
+        must echo the request's number, drawn here: bytes the candidate writes on every socket it finds are no
+        answer (`ForgedAnswer`)."""
         number = self.unknowable.randrange(2**62)
         try:
             self.runner.send_bytes(json.dumps({**message, "number": number}).encode())
             if then:
                 then()
+            if awake:
+                wait_awake(self.runner)
             return self.answer(number)
         except (EOFError, OSError) as e:
             raise RunnerGone from e
@@ -283,7 +288,7 @@ class Judge:
         windows, opened = report.get("windows") or {}, report.get("opened") or {}
         if self.defend and report.get("tamper"):
             return self.rejected(str(report["tamper"]))
-        share, between_ms, unreported_ms = None, 0.0, None
+        share, between_ms, unreported_ms, allowance_ms = None, 0.0, None, None
         candidate = calls["candidate"]
         if self.defend and self.cuda:  # the logged calls are checked, the others' times reported
             logged = [row for row in candidate if row[0] in self.logged]
@@ -302,12 +307,13 @@ class Judge:
                 self.slowed_reference(calls, clean, seed)
             if why:
                 return self.rejected(why)
-            candidate, unreported_ms = judges_floor(candidate, observed, harness["seen"])
+            allowance_ms = floor_allowance(harness["unlogged"])
+            candidate, unreported_ms = judges_floor(candidate, observed, harness["seen"], allowance_ms)
         medians = {name: median([ms for _, ms, _ in rows]) for name, rows in {**calls, "candidate": candidate}.items()
                    if name != "timer"}
         return {"medians": medians, "trials": len(calls["candidate"]), "max_abs_diff": worst, "max_rel_diff": worst_rel,
                 "times": self.times, "own_kernel_share": share, "between_calls_ms": between_ms,
-                "unreported_ms": unreported_ms}
+                "unreported_ms": unreported_ms, "floor_allowance_ms": allowance_ms}
 
     def slowed_reference(self, calls: dict, clean: dict, seed: int) -> str | None:
         """`slowed_reference` against the reference timed before the candidate was imported, and where that finds
@@ -436,13 +442,15 @@ class Judge:
         """The least a model can do on the GPU: one kernel on one element (the latency a loaded host adds)."""
         return self.flush[:1].zero_()
 
-    def before_the_candidate(self, inputs: list) -> tuple[dict[str, float], dict[str, float]]:
+    def before_the_candidate(self, inputs: list) -> tuple[dict, dict[str, float]]:
         """Clean measurements, taken before the candidate is imported so that it has no part in them, and as the
         timing will call (each call of the runner after the reference has run with the runner stopped):
         - what a timed call of the runner costs with no model at all, as the judge sees it: the least wall time
           beyond the runner's report, and the least CPU time of the runner's threads, from `go` to the answer to
           `collect` (the least, not the median: a 0.1 ms CPU kernel less a noisy harness's median once came out
-          at no time at all, paid as the fastest possible; less the cheapest call, it can only read slower);
+          at no time at all, paid as the fastest possible; less the cheapest call, it can only read slower), and
+          on a GPU the wall time of each call made with the kernel log off (`unlogged`), as the reported calls are
+          made, and their median (`seen`), which the judge's floor starts from;
         - on a GPU, the reference's fastest call and the fastest of the judge's own one-element kernel, which
           `slowed_reference` compares with (on the CPU the runner is stopped while the reference runs, so nothing
           of the candidate's can slow it there)."""
@@ -463,7 +471,7 @@ class Judge:
             else:
                 unlogged.append(wall_s * 1e3)
         harness = {"wall": min(walls, default=0.0), "cpu": min(cpus, default=0.0),
-                   "seen": median(unlogged) if unlogged else 0.0}
+                   "seen": median(unlogged) if unlogged else 0.0, "unlogged": unlogged}
         warm = self.payload["warmup"]  # the first calls, as the timing's warm-ups, are left out where more follow
         return harness, {name: min(ms[warm:] or ms) for name, ms in clean.items()} if self.cuda and walls else {}
 
@@ -489,9 +497,9 @@ class Judge:
         began = time.perf_counter()
         message = {"op": "go", "label": label, "null": null, **self.put_inputs(inputs)}
         self.clear_slots()
-        answer = self.ask(message)
+        answer = self.ask(message, awake=self.awake)
         if not self.failed(answer):
-            answer = {**answer, **self.ask({"op": "collect"})}
+            answer = {**answer, **self.ask({"op": "collect"}, awake=self.awake)}
         wall_s = time.perf_counter() - began
         process_after, main_after = runner_cpu_s(pid)
         self.other_threads_s += (process_after - process) - (main_after - main)

@@ -36,11 +36,12 @@ HARNESS_SLACK, HARNESS_SLACK_MS, CALL_SLACK = 2.0, 0.1, 0.05
 MAX_OTHER_THREADS = 0.1
 # How much longer than the harness alone the judge's own clock may see a reported GPU call take (medians) beyond the
 # time its CUDA events report, without that being added to it; whatever is hidden from the events beyond it (work on
-# a stream they never wait for, a clock rewritten in the runner's process) is paid. Not what an honest launch costs
-# (a few µs) but the noise of two processes' medians on a busy host: 18 honest kernels on an H100, judged while the
-# other candidates built on its 16 cores, were seen -0.52 to +0.22 ms beyond their events (median 0.005 ms; 0.02 ms
-# charged up to 38% of a sub-millisecond kernel). It bounds hiding a whole kernel of more than this, no finer.
-FLOOR_SLACK_MS = 0.3
+# a stream they never wait for, a clock rewritten in the runner's process) is paid. The allowance is what the judge
+# saw its own clock of the harness alone vary by before the candidate was imported (`floor_allowance`): twice the
+# spread of the middle half of those calls, plus FLOOR_SLACK_MS (an honest launch's few µs), and never more than
+# FLOOR_CAP_MS, the noise of two processes' medians on a busy host (18 honest kernels on an H100, judged while the
+# other candidates built on all of its 16 cores, were seen -0.52 to +0.22 ms beyond their events).
+FLOOR_SLACK_MS, FLOOR_CAP_MS = 0.01, 0.3
 # GPU time the runner may spend between two timed calls beyond the harness's own (copying the outputs out, as
 # measured in the calls with no model): times, plus. What is more is the candidate's, added to each call's time.
 BETWEEN_SLACK, BETWEEN_SLACK_MS = 1.1, 0.002
@@ -244,17 +245,29 @@ def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str |
     return None
 
 
-def judges_floor(reported: list, observed: dict, harness_ms: float) -> tuple[list, float]:
+def floor_allowance(harness_ms: list[float]) -> float:
+    """How far beyond its reported time the judge may see a call (`judges_floor`) before the rest is paid, in ms:
+    from its clock of the harness alone (`harness_ms`, calls of no model before the candidate was imported, which
+    nothing of the candidate's could shape), twice the spread of their middle half plus FLOOR_SLACK_MS, at most
+    FLOOR_CAP_MS. On a quiet host a few µs; on a busy one the noise the judge's medians carry there."""
+    calls = sorted(harness_ms)
+    if len(calls) < 4:
+        return FLOOR_CAP_MS
+    spread = calls[3 * len(calls) // 4] - calls[len(calls) // 4]
+    return min(FLOOR_CAP_MS, FLOOR_SLACK_MS + 2 * spread)
+
+
+def judges_floor(reported: list, observed: dict, harness_ms: float, allowance_ms: float) -> tuple[list, float]:
     """(the reported calls, each raised to the least time the judge's own clock allows for it, and how much longer
     than their reported time the judge saw them take, in ms): the median of the judge's wall clock around each call
     (from its inputs written to its outputs handed over) less the median of the harness alone's, against the median
-    reported time. What it saw beyond FLOOR_SLACK_MS is added to each call: no work the runner's events or kernel
+    reported time. What it saw beyond `allowance_ms` is added to each call: no work the runner's events or kernel
     log do not show, nor a number its process makes up, is paid as faster than the judge's own clock allows."""
     seen = [observed[label][0] * 1e3 for label, _, _ in reported if label in observed]
     if not seen:
         return reported, 0.0
     beyond = median(seen) - harness_ms - median([ms for _, ms, _ in reported])
-    extra = max(0.0, beyond - FLOOR_SLACK_MS)
+    extra = max(0.0, beyond - allowance_ms)
     return [(label, ms + extra, wall) for label, ms, wall in reported], beyond
 
 

@@ -251,15 +251,29 @@ def test_the_reference_is_timed_only_once_every_thread_of_the_runner_is_stopped(
 
 def test_no_reported_call_is_paid_faster_than_the_judges_own_clock_allows():
     """The judge saw each reported call 1 ms longer than the harness alone took plus its reported time (work its
-    events never saw): what is beyond FLOOR_SLACK_MS is added to each call; an honest candidate, seen within
-    FLOOR_SLACK_MS, keeps its times."""
+    events never saw): what is beyond the allowance is added to each call; an honest candidate, seen within the
+    allowance, keeps its times."""
     reported = [(f"candidate/{i}", 0.1, 0.15) for i in range(0, 8, 2)]
-    honest = {label: ((0.05 + ms + checks.FLOOR_SLACK_MS / 2) / 1e3, 0.0) for label, ms, _ in reported}
-    assert checks.judges_floor(reported, honest, harness_ms=0.05)[0] == reported
+    allowance = 0.02
+    honest = {label: ((0.05 + ms + allowance / 2) / 1e3, 0.0) for label, ms, _ in reported}
+    assert checks.judges_floor(reported, honest, harness_ms=0.05, allowance_ms=allowance)[0] == reported
     hidden = {label: ((0.05 + ms + 1.0) / 1e3, 0.0) for label, ms, _ in reported}
-    floored, beyond = checks.judges_floor(reported, hidden, harness_ms=0.05)
+    floored, beyond = checks.judges_floor(reported, hidden, harness_ms=0.05, allowance_ms=allowance)
     assert beyond == pytest.approx(1.0)
-    assert [ms for _, ms, _ in floored] == pytest.approx([0.1 + 1.0 - checks.FLOOR_SLACK_MS] * 4)
+    assert [ms for _, ms, _ in floored] == pytest.approx([0.1 + 1.0 - allowance] * 4)
+
+
+def test_the_floors_allowance_is_what_the_harness_alone_was_seen_to_vary_by():
+    """Calls of no model within 2 µs of each other allow a few µs; a host whose calls vary by 0.1 ms in their middle
+    half allows twice that; one outlier call moves it not at all; a busy host allows no more than the cap, and too
+    few calls to tell allow the cap."""
+    quiet = [0.400 + 0.0002 * i for i in range(10)]
+    assert checks.floor_allowance(quiet) == pytest.approx(checks.FLOOR_SLACK_MS + 2 * 0.0010, abs=1e-9)
+    assert checks.floor_allowance(quiet[:-1] + [5.0]) == pytest.approx(checks.floor_allowance(quiet))
+    noisy = [0.4, 0.4, 0.4, 0.45, 0.45, 0.5, 0.5, 0.5, 0.5, 0.5]
+    assert checks.floor_allowance(noisy) == pytest.approx(checks.FLOOR_SLACK_MS + 2 * 0.1)
+    assert checks.floor_allowance([0.1 * i for i in range(10)]) == checks.FLOOR_CAP_MS
+    assert checks.floor_allowance([0.4, 0.4, 0.4]) == checks.FLOOR_CAP_MS
 
 
 def test_moved_inputs_are_the_same_for_the_same_seed_and_leave_labels_and_indices_alone():
