@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kevin.dependencies import require
@@ -33,11 +33,11 @@ from kevin import sandbox
 from kevin.build_cache import BuildCache, build_candidate, compile_extension
 from kevin.config_flags import AT_LEAST_1, NOT_NEGATIVE, POSITIVE, SHARE, check, one_of
 from kevin.eval_children import child_settings, first_lines, last_frames, sandbox_mechanisms, trim_compiler_output
-from kevin.isolation import (cpu_seconds, finish_child, hidden_from_children, peers, run_in_child, start_child,
-                             start_fork_server, stop_child, stop_child_later, stop_every_child)
+from kevin.isolation import (cpu_seconds, finish_child, gpus_on_machine, hidden_from_children, peers, pin,
+                             run_in_child, start_child, start_fork_server, stop_child, stop_child_later,
+                             stop_every_child, timing_cores)
 from kevin.tasks import index_tasks, resolve_task
 from kevin.judge import judge
-from kevin.judge_checks import FLOOR_SLACK_MS
 from kevin.runner import run
 from kevin.static_rules import RULE_PROFILES, extract_code, kernel_names, rejection, static_check
 
@@ -241,14 +241,15 @@ def _feedback(outcome: dict, *, build_root: str, candidate_path: str, timeout_s:
         runtime_ms=cand, ref_runtime_ms=ref, speedup=ratio, max_abs_diff=outcome["max_abs_diff"],
         max_rel_diff=outcome.get("max_rel_diff"),
         time_s=outcome["times"], timing_trials=outcome["trials"], own_kernel_share=outcome["own_kernel_share"],
-        between_calls_ms=outcome.get("between_calls_ms"), unreported_ms=outcome.get("unreported_ms"), **extra)
+        between_calls_ms=outcome.get("between_calls_ms"), unreported_ms=outcome.get("unreported_ms"),
+        floor_allowance_ms=outcome.get("floor_allowance_ms"), **extra)
 
 
 def charged(outcome: dict) -> str:
     """What of the candidate's time the judge added to what its CUDA events reported, said in its feedback."""
     parts = [f"{outcome['between_calls_ms']:.3g} ms is GPU work it did between its timed calls"]\
         if outcome.get("between_calls_ms") else []
-    if (unreported := (outcome.get("unreported_ms") or 0.0) - FLOOR_SLACK_MS) > 0:
+    if (unreported := (outcome.get("unreported_ms") or 0.0) - (outcome.get("floor_allowance_ms") or 0.0)) > 0:
         parts.append(f"{unreported:.3g} ms is time the judge's own clock saw each call take beyond what its CUDA "
                      "events reported")
     return f" (of that time, {' and '.join(parts)})" if parts else ""
@@ -433,7 +434,11 @@ class Evaluator:
         start_fork_server()  # from this thread, before the threads that start children
         readable = sandbox.readable([self.build_root, str(ROOT), self.cfg.tasks, *sorted(self.folders)],
                                     hidden_from_children())
-        self.settings = child_settings(self.kind, readable, self.mechanisms)
+        self.timing_cores, others = timing_cores(self.devices, list(os.sched_getaffinity(0)),
+                                                 gpus_on_machine() if self.kind == "cuda" else 0,
+                                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.settings = {kind: replace(settings, cores=others)
+                         for kind, settings in child_settings(self.kind, readable, self.mechanisms).items()}
         self.cache = BuildCache(Path(self.build_root), self.settings["run"].env.get("TORCH_CUDA_ARCH_LIST", ""),
                                 self.cfg.compile_workers, self.compile, self.cfg.compile_timeout_s,
                                 self.shipped_builds)
@@ -626,7 +631,11 @@ class Evaluator:
         read there). Its CPU seconds are read from /proc as the judge ends, before it is stopped (None for one gone
         by then)."""
         judge_child, runner = pair
-        payload = _run_payload(self.cfg, task_path, candidate, kernels, device)
+        cores = self.timing_cores.get(device)
+        if cores:  # the pair alone on two cores of its own while it judges, each waiting awake (`timing_cores`)
+            pin(judge_child[0].pid, cores[0])
+            pin(runner[0].pid, cores[1])
+        payload = {**_run_payload(self.cfg, task_path, candidate, kernels, device), "spin_waits": bool(cores)}
         ran: dict = {}
         # the runner's own deadline comes after the judge's: a judge that times out reads the runner's CPU time
         # before it is stopped (with equal deadlines, a loaded host often stopped the runner first: no number)

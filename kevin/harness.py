@@ -30,6 +30,20 @@ def import_file(path: str, name: str):
     return module
 
 
+# How long either side of a judged candidate, each on a core of its own, waits awake for the other's next message
+# before its read sleeps as usual.
+AWAKE_S = 0.2
+
+
+def wait_awake(conn, limit_s: float = AWAKE_S) -> None:
+    """Poll `conn` until a message is there or `limit_s` has passed: a process woken from sleep, on a core that went
+    idle meanwhile, starts up to tens of µs late, and that lateness falls inside the judge's clock of a call. Only
+    for a process on a core no other is given (`isolation.timing_cores`)."""
+    deadline = time.perf_counter() + limit_s
+    while not conn.poll() and time.perf_counter() < deadline:
+        pass
+
+
 def flatten_outputs(out) -> list:
     """A model's output as a list of outputs: a tuple or list as it is, anything else alone."""
     return list(out) if isinstance(out, (tuple, list)) else [out]

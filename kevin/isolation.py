@@ -41,8 +41,8 @@ class ChildSettings:
     the cores (builds do, to a checking child timing a kernel beside them), whether it runs candidate code
     (then it may start no process: nothing of the candidate's outlives the child), whether no file it
     writes may pass 1 GiB (all but the judge, whose shared memory holds a task's outputs, whatever their size),
-    and whether Landlock keeps it from signalling processes outside its box (all but the judge, which stops
-    and kills its runner)."""
+    whether Landlock keeps it from signalling processes outside its box (all but the judge, which stops
+    and kills its runner), and the cores it may run on (all where empty; `timing_cores`)."""
     env: dict
     readable: tuple[str, ...] = ()
     mechanisms: dict = field(default_factory=dict)
@@ -51,6 +51,7 @@ class ChildSettings:
     runs_candidate: bool = False
     limit_files: bool = True
     scoped: bool = True
+    cores: tuple[int, ...] = ()
 
 
 _CONTEXT = None
@@ -128,6 +129,8 @@ def _child_entry(conn, lifeline, job, settings: ChildSettings, log_path: str, de
     fcntl.fcntl(alive, fcntl.F_SETOWN, os.getpid())
     fcntl.fcntl(alive, fcntl.F_SETFL, fcntl.fcntl(alive, fcntl.F_GETFL) | os.O_ASYNC)
     os.setpgrp()
+    if settings.cores:
+        os.sched_setaffinity(0, settings.cores)
     if settings.nice:
         os.nice(10)
     if settings.limit_files:
@@ -301,6 +304,52 @@ def cpu_seconds(pid: int) -> float | None:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timing_cores(devices: list[str], cores: list[int], gpus: int, visible: str | None
+                 ) -> tuple[dict[str, tuple[int, int]], tuple[int, ...]]:
+    """(two cores for each GPU of `devices` ('cuda:N'), one for the judge and one for the runner timing on it; the
+    cores every other child runs on, `ChildSettings.cores`): of `cores`, where there are at least four for each
+    of the machine's `gpus`; none kept apart otherwise, and none for a CPU. Compiles on every core once moved the
+    judge's clock of an honest call by half a millisecond either way, more than a small kernel takes. The highest
+    cores are kept, two by two by the GPU's index on the machine (`visible`: CUDA_VISIBLE_DEVICES undone), so that
+    the evaluators of one machine's GPUs (a rank or a Ray pool each) keep different ones and all their builds keep
+    off every one."""
+    cores = sorted(cores)
+    if not devices or devices[0] == "cpu" or not gpus or len(cores) < 4 * gpus:
+        return {}, ()
+    ids = (visible or "").split(",")
+    kept = {}
+    for device in devices:
+        index = int(device.split(":")[1])
+        on_machine = int(ids[index]) if index < len(ids) and ids[index].strip().isdigit() else index
+        if on_machine >= gpus:
+            return {}, ()
+        kept[device] = (cores[-2 * on_machine - 1], cores[-2 * on_machine - 2])
+    return kept, tuple(cores[:len(cores) - 2 * gpus])
+
+
+def gpus_on_machine() -> int:
+    """The machine's NVIDIA GPUs, those this process may not see included (the driver's list), or torch's count."""
+    import torch
+
+    try:
+        listed = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        listed = 0
+    return max(listed, torch.cuda.device_count())
+
+
+def pin(pid: int, core: int) -> None:
+    """Every thread of process `pid` moved onto `core` (threads it starts later stay there too)."""
+    for _ in range(2):  # a thread started while the first pass ran is caught by the second
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:  # gone: the judge reports what it left
+            return
+        for thread in threads:
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                os.sched_setaffinity(int(thread), {core})
 
 
 def stop_child(started: tuple) -> None:

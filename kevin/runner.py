@@ -33,7 +33,7 @@ import torch
 
 from kevin import harness
 from kevin.harness import (KernelLog, flatten_outputs, flush_buffer, identical, import_file, make_timer,
-                           peak_resident_bytes, start_task)
+                           peak_resident_bytes, start_task, wait_awake)
 from kevin.tensor_exchange import Arena
 
 
@@ -176,6 +176,7 @@ class Runner:
         self.null_outputs: list[torch.Tensor] = []  # made once the arena's layout is known (on a GPU, until the import)
         self.memory_limit: int | None = None  # bytes this process may hold, on a GPU
         self.labels: set[str] = set()
+        self.awake = payload.get("spin_waits", False)  # on a core of its own: the judge's requests waited for awake
 
     def serve(self) -> dict:
         """Answer the judge until it says finish; an exception of the candidate's is an answer too."""
@@ -184,6 +185,8 @@ class Runner:
                     "copy_parameters": self.copy_parameters, "finish": self.finish}
         with torch.no_grad():
             while True:
+                if self.awake:
+                    wait_awake(self.judge)
                 message = json.loads(self.judge.recv_bytes())
                 try:
                     answer = handlers[message["op"]](message)

@@ -380,3 +380,76 @@ print(json.dumps({{**child, "caller": os.environ.get("OMP_WAIT_POLICY")}}))
 def openmp_wait_policy(payload: dict) -> dict:
     """A child's job: the OpenMP wait policy its process (and the fork server it came from) started with."""
     return {"policy": os.environ.get("OMP_WAIT_POLICY")}
+
+
+def test_each_gpu_keeps_two_cores_that_builds_stay_off():
+    """A judge and a runner time on each GPU from two cores of their own, the highest by the GPU's index on the
+    machine, so that one evaluator per GPU (CUDA_VISIBLE_DEVICES one each, as Ray and launchers set it) keeps
+    different ones; other children stay off every GPU's pair. Too few cores a GPU, or a CPU, keep none."""
+    from kevin.isolation import timing_cores
+
+    assert timing_cores(["cuda:0"], list(range(16)), 1, None) == ({"cuda:0": (15, 14)}, tuple(range(14)))
+    kept, others = timing_cores(["cuda:0", "cuda:1"], list(range(64)), 8, None)
+    assert kept == {"cuda:0": (63, 62), "cuda:1": (61, 60)} and others == tuple(range(48))
+    assert timing_cores(["cuda:0"], list(range(128)), 8, "5")[0] == {"cuda:0": (117, 116)}
+    assert timing_cores(["cuda:0"], list(range(128)), 8, "7,5")[0] == {"cuda:0": (113, 112)}
+    assert timing_cores(["cuda:0"], [0, 1, 2, 3, 4, 5, 6], 2, None) == ({}, ())
+    assert timing_cores(["cpu"], list(range(16)), 0, None) == ({}, ())
+
+
+def test_a_child_runs_on_its_cores_and_a_pinned_one_on_one_core_thread_by_thread(tmp_path):
+    """`ChildSettings.cores` holds a child from its start; `pin` moves a running process onto one core, the threads
+    it already has included and those it starts later."""
+    from kevin import isolation
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    settings = isolation.ChildSettings(env={}, cores=(cores[0],))
+    assert isolation.run_in_child(affinity, {}, settings, 60, str(tmp_path / "child.log"))["cores"] == [cores[0]]
+
+    threads = subprocess.Popen([sys.executable, "-c", """
+import os, sys, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print("ready", flush=True)
+sys.stdin.readline()
+later = []
+threading.Thread(target=lambda: later.append(sorted(os.sched_getaffinity(0)))).start()
+time.sleep(0.5)
+print(later[0], flush=True)
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert threads.stdout.readline().strip() == "ready"
+        isolation.pin(threads.pid, cores[1])
+        tids = os.listdir(f"/proc/{threads.pid}/task")
+        assert len(tids) >= 2 and all(os.sched_getaffinity(int(t)) == {cores[1]} for t in tids)
+        threads.stdin.write("go\n")
+        threads.stdin.flush()
+        assert threads.stdout.readline().strip() == str([cores[1]])
+    finally:
+        threads.kill()
+        threads.wait()
+
+
+def affinity(payload: dict) -> dict:
+    """A child's job: the cores it may run on."""
+    return {"cores": sorted(os.sched_getaffinity(0))}
+
+
+def test_waiting_awake_ends_as_a_message_arrives_or_at_its_limit():
+    """`wait_awake` returns once the other end has written (within a millisecond of it, not at its limit), and by
+    itself after its limit when nothing comes, leaving the read to the caller."""
+    import multiprocessing
+    import threading
+    import time
+
+    from kevin.harness import wait_awake
+
+    ours, theirs = multiprocessing.Pipe()
+    sent = []
+    threading.Timer(0.05, lambda: (sent.append(time.perf_counter()), theirs.send_bytes(b"go"))).start()
+    wait_awake(ours, limit_s=5.0)
+    assert time.perf_counter() - sent[0] < 0.05 and ours.recv_bytes() == b"go"
+    began = time.perf_counter()
+    wait_awake(ours, limit_s=0.1)
+    assert 0.1 <= time.perf_counter() - began < 1.0 and not ours.poll()
