@@ -969,9 +969,10 @@ def test_the_summary_of_nothing_says_so_and_none_correct_shows_no_nan():
 
 # ------------------------------------------------------------------ what else a fresh clone meets around it
 
-def test_kevin_tables_report_goes_under_the_untracked_runs_unless_told_where(tmp_path):
+def test_kevin_tables_report_goes_under_the_untracked_runs_unless_told_where(tmp_path, monkeypatch):
     """bench/kevin_table.py writes its table and plot beside its runs, under runs/ (gitignored); results/, whose
     files the repository keeps, only when asked with --results."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its sibling learning_demo, as running the script finds it
     spec = importlib.util.spec_from_file_location("kevin_table", ROOT / "bench" / "kevin_table.py")
     kevin_table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kevin_table)
