@@ -330,14 +330,21 @@ def timing_cores(devices: list[str], cores: list[int], gpus: int, visible: str |
 
 
 def gpus_on_machine() -> int:
-    """The machine's NVIDIA GPUs, those this process may not see included (the driver's list), or torch's count."""
+    """The machine's GPUs, those CUDA_VISIBLE_DEVICES hides included: NVML's count (what the driver shows this
+    container), or torch's where NVML is missing."""
+    import ctypes
+
     import torch
 
+    count = ctypes.c_uint(0)
     try:
-        listed = len(os.listdir("/proc/driver/nvidia/gpus"))
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() == 0:
+            nvml.nvmlDeviceGetCount_v2(ctypes.byref(count))
+            nvml.nvmlShutdown()
     except OSError:
-        listed = 0
-    return max(listed, torch.cuda.device_count())
+        pass
+    return max(count.value, torch.cuda.device_count())
 
 
 def pin(pid: int, core: int) -> None:
