@@ -633,8 +633,8 @@ class Evaluator:
         judge_child, runner = pair
         cores = self.timing_cores.get(device)
         if cores:  # the pair alone on two cores of its own while it judges, each waiting awake (`timing_cores`)
-            pin(judge_child[0].pid, cores[0])
-            pin(runner[0].pid, cores[1])
+            pin(judge_child[0].pid, {cores[0]})
+            pin(runner[0].pid, {cores[1]})
         payload = {**_run_payload(self.cfg, task_path, candidate, kernels, device), "spin_waits": bool(cores)}
         ran: dict = {}
         # the runner's own deadline comes after the judge's: a judge that times out reads the runner's CPU time
@@ -645,6 +645,9 @@ class Evaluator:
         serving.start()
         outcome = finish_child(judge_child, {**payload, "runner_pid": runner[0].pid}, self.cfg.run_timeout_s)
         cpu_s = cpu_seconds(runner[0].pid)
+        if cores:  # their exits (a CUDA context torn down) off the cores the next pair will time on
+            for child in (judge_child, runner):
+                pin(child[0].pid, self.settings["run"].cores)
         if outcome.get("timeout"):  # the judge waited on a runner that never answered
             stop_child(runner)
             return outcome, cpu_s

@@ -347,8 +347,8 @@ def gpus_on_machine() -> int:
     return max(count.value, torch.cuda.device_count())
 
 
-def pin(pid: int, core: int) -> None:
-    """Every thread of process `pid` moved onto `core` (threads it starts later stay there too)."""
+def pin(pid: int, cores) -> None:
+    """Every thread of process `pid` moved onto `cores` (threads it starts later stay there too)."""
     for _ in range(2):  # a thread started while the first pass ran is caught by the second
         try:
             threads = os.listdir(f"/proc/{pid}/task")
@@ -356,7 +356,7 @@ def pin(pid: int, core: int) -> None:
             return
         for thread in threads:
             with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-                os.sched_setaffinity(int(thread), {core})
+                os.sched_setaffinity(int(thread), cores)
 
 
 def stop_child(started: tuple) -> None:
