@@ -96,6 +96,8 @@ def main():
                    help="more candidate folders (default: tests/adversarial/<device>, whose honest twins are timed "
                         "too and whose tricks fill the batch)")
     p.add_argument("--out", help="write every number to this JSON file")
+    p.add_argument("--batch", action=argparse.BooleanOptionalAction, default=True,
+                   help="also judge the honest kernels inside the whole batch (--no-batch: alone only)")
     p.add_argument("--run-timeout-s", type=float, default=60.0,
                    help="the evaluator's limit per candidate (the batch's hanging kernel holds the GPU this long)")
     p.add_argument("--threads", type=int, default=None, help="torch's threads in the clean measurement (default: "
@@ -136,10 +138,10 @@ def main():
     cfg = ev.EvalConfig(device=kind, tasks=task_folder, gpus=[int(device.split(":")[1])] if kind == "cuda" else None,
                         cpu_threads=threads, run_timeout_s=args.run_timeout_s, progress=False)
     alone = ev.evaluate(honest, cfg)
-    batch = {id(r): e for r, e in zip(everything, ev.evaluate(everything, cfg))}
+    batch = {id(r): e for r, e in zip(everything, ev.evaluate(everything, cfg))} if args.batch else {}
     rows = []
     for r, c, a in zip(honest, cleaned, alone):
-        row = {"kernel": r["solution"], "clean": c, "alone": summary(a), "batch": summary(batch[id(r)])}
+        row = {"kernel": r["solution"], "clean": c, "alone": summary(a), "batch": summary(batch.get(id(r), {}))}
         if "error" not in c:
             row["clean"]["speedup"] = c["reference"] / c["candidate"]
             for side in ("alone", "batch"):
