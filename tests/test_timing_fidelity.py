@@ -29,3 +29,17 @@ def test_the_table_gives_each_ratio_and_the_worst(capsys):
     assert out[3] == "| level1/9_Swish.correct_fused | ImportError: x | compile_error | compile_error | " \
                      "compile_error | compile_error |"
     assert out[4] == "alone: median ratio 0.900, worst 0.900, within 3%: 0/1"
+
+
+def test_the_report_gives_the_floors_distribution_and_names_the_kernels_it_charged(capsys):
+    """Beside the ratios: how far beyond its events the judge saw each honest kernel's calls, the allowance each
+    was given, and which of them were charged for it (seen beyond the allowance)."""
+    rows = [{"kernel": name, "clean": {"speedup": 1.0}, "batch": {},
+             "alone": {"status": "correct", "ratio": 1.0, "unreported_ms": seen, "floor_allowance_ms": allowed}}
+            for name, seen, allowed in (("a", 0.004, 0.012), ("b", 0.030, 0.015), ("c", -0.002, 0.011))]
+    tf.report(rows)
+    out = capsys.readouterr().out.splitlines()
+    assert "alone: the judge's clock beyond the events, µs: min -2.0, median 4.0, 90% 30.0, max 30.0" in out
+    assert "alone: the floor's allowance, µs: min 11.0, median 12.0, 90% 15.0, max 15.0" in out
+    assert "alone: charged beyond its events: 1 (b)" in out
+    assert "batch: charged beyond its events: 0 (none)" in out
