@@ -632,10 +632,9 @@ class Evaluator:
         by then)."""
         judge_child, runner = pair
         cores = self.timing_cores.get(device)
-        if cores:  # the pair alone on two cores of its own while it judges, each waiting awake (`timing_cores`)
-            pin(judge_child[0].pid, {cores[0]})
-            pin(runner[0].pid, {cores[1]})
-        payload = {**_run_payload(self.cfg, task_path, candidate, kernels, device), "spin_waits": bool(cores)}
+        # the pair alone on two cores of its own while it judges, each waiting awake (`timing_cores`)
+        pinned = bool(cores) and pin(judge_child[0].pid, {cores[0]}) and pin(runner[0].pid, {cores[1]})
+        payload = {**_run_payload(self.cfg, task_path, candidate, kernels, device), "spin_waits": pinned}
         ran: dict = {}
         # the runner's own deadline comes after the judge's: a judge that times out reads the runner's CPU time
         # before it is stopped (with equal deadlines, a loaded host often stopped the runner first: no number)
@@ -645,7 +644,7 @@ class Evaluator:
         serving.start()
         outcome = finish_child(judge_child, {**payload, "runner_pid": runner[0].pid}, self.cfg.run_timeout_s)
         cpu_s = cpu_seconds(runner[0].pid)
-        if cores:  # their exits (a CUDA context torn down) off the cores the next pair will time on
+        if pinned:  # their exits (a CUDA context torn down) off the cores the next pair will time on
             for child in (judge_child, runner):
                 pin(child[0].pid, self.settings["run"].cores)
         if outcome.get("timeout"):  # the judge waited on a runner that never answered

@@ -347,16 +347,17 @@ def gpus_on_machine() -> int:
     return max(count.value, torch.cuda.device_count())
 
 
-def pin(pid: int, cores) -> None:
-    """Every thread of process `pid` moved onto `cores` (threads it starts later stay there too)."""
+def pin(pid: int, cores) -> bool:
+    """Every thread of process `pid` moved onto `cores` (threads it starts later stay there too); False where the
+    system refused (a container's limits, say: the caller goes on unpinned) or the process is gone."""
     for _ in range(2):  # a thread started while the first pass ran is caught by the second
         try:
-            threads = os.listdir(f"/proc/{pid}/task")
-        except FileNotFoundError:  # gone: the judge reports what it left
-            return
-        for thread in threads:
-            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-                os.sched_setaffinity(int(thread), cores)
+            for thread in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(ProcessLookupError, FileNotFoundError):  # a thread that has exited
+                    os.sched_setaffinity(int(thread), cores)
+        except OSError:
+            return False
+    return True
 
 
 def stop_child(started: tuple) -> None:

@@ -399,7 +399,7 @@ def test_each_gpu_keeps_two_cores_that_builds_stay_off():
 
 def test_a_child_runs_on_its_cores_and_a_pinned_one_on_one_core_thread_by_thread(tmp_path):
     """`ChildSettings.cores` holds a child from its start; `pin` moves a running process onto a core, the threads
-    it already has included and those it starts later."""
+    it already has included and those it starts later, and says where it could not."""
     from kevin import isolation
 
     cores = sorted(os.sched_getaffinity(0))
@@ -420,7 +420,8 @@ print(later[0], flush=True)
 """], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert threads.stdout.readline().strip() == "ready"
-        isolation.pin(threads.pid, {cores[1]})
+        assert not isolation.pin(threads.pid, {4095})  # a core the machine lacks: refused, and said
+        assert isolation.pin(threads.pid, {cores[1]})
         tids = os.listdir(f"/proc/{threads.pid}/task")
         assert len(tids) >= 2 and all(os.sched_getaffinity(int(t)) == {cores[1]} for t in tids)
         threads.stdin.write("go\n")
@@ -429,6 +430,7 @@ print(later[0], flush=True)
     finally:
         threads.kill()
         threads.wait()
+    assert not isolation.pin(threads.pid, {cores[1]})  # gone
 
 
 def affinity(payload: dict) -> dict:
