@@ -63,8 +63,12 @@ class EvalConfig:
     rtol: float | None = None
     """relative tolerance, for every dtype (default: the rules' own, as for --atol)"""
     timing_trials: int = 100
-    """timed runs per model (fewer if --timing-budget-s runs out first, never fewer than 10); on a GPU every other
-    one runs under the kernel log and is checked, and the rest are reported (so at least 2 there)"""
+    """timed runs per model at most (never fewer than 10; fewer once timing is as precise as --timing-precision asks
+    or --timing-budget-s runs out); on a GPU every other one runs under the kernel log and is checked, and the rest
+    are reported (so at least 2 there)"""
+    timing_precision: float = 0.01
+    """timing stops once every median the speedup is made of is known to within this share of itself (half the
+    width of its 95% interval, from the order statistics of its runs); 0 runs every --timing-trials run"""
     timing_budget_s: float = 10.0
     """wall-clock budget for the timed runs of one candidate and its reference together"""
     warmup: int = 3
@@ -137,8 +141,8 @@ class EvalConfig:
                          isinstance(g, int) and g >= 0 for g in gpus)),
                      **dict.fromkeys(("correct_trials", "timing_trials", "cpu_threads", "compile_workers",
                                       "repeat_runs"), AT_LEAST_1),
-                     **dict.fromkeys(("atol", "rtol", "timing_budget_s", "warmup", "poison_bytes", "spare_children",
-                                      "repeat_tolerance"), NOT_NEGATIVE),
+                     **dict.fromkeys(("atol", "rtol", "timing_budget_s", "timing_precision", "warmup", "poison_bytes",
+                                      "spare_children", "repeat_tolerance"), NOT_NEGATIVE),
                      "compile_timeout_s": POSITIVE, "run_timeout_s": POSITIVE,
                      "min_own_kernel_share": SHARE, "max_copy_share": SHARE,
                      "max_reference_slowdown": ("be at least 1", lambda value: value >= 1)})
@@ -336,6 +340,7 @@ def _run_payload(cfg: EvalConfig, task_path: str, candidate: str, kernels: list[
     return {"task": task_path, "candidate": candidate, "device": device, "seed": cfg.seed,
             "correct_trials": cfg.correct_trials, "tolerance": tolerances(cfg),
             "timing_trials": cfg.timing_trials, "timing_budget_s": cfg.timing_budget_s,
+            "timing_precision": cfg.timing_precision,
             "warmup": cfg.warmup, "compile_baseline": cfg.compile_baseline,
             "min_own_kernel_share": own_kernel_share_needed(cfg), "poison_bytes": cfg.poison_bytes,
             "defences": cfg.defences, "cpu_threads": cfg.cpu_threads, "kernel_names": kernels,

@@ -49,12 +49,14 @@ import torch
 from kevin.harness import (flatten_outputs, flush_buffer, identical, make_timer, peak_resident_bytes, start_task,
                            wait_awake)
 from kevin.judge_checks import (charge_between_calls, clock_mismatch, compare, floor_allowance, judges_floor,
-                                log_dodging, median, other_threads_worked, own_kernel_share, repeat_disagrees, slowed_reference,
+                                log_dodging, median, median_known_within, other_threads_worked, own_kernel_share, repeat_disagrees, slowed_reference,
                                 unobserved_time)
 from kevin.tensor_exchange import Arena
 
 # Clean calls of the harness alone, before the candidate is imported: what a timed call costs with no model.
 NULL_CALLS = 20
+# Timed trials before timing may stop (its budget spent, or every median known to within `timing_precision`).
+MIN_TIMING_TRIALS = 10
 # How long the judge waits for a killed runner to exit (its CUDA context released) before timing the reference alone.
 RUNNER_EXIT_S = 10.0
 # GPU memory, in multiples of the task's footprint (the reference's parameters, one draw of inputs, its outputs and
@@ -606,7 +608,8 @@ class Judge:
         """(the rejection or None, each model's timed calls as (label, ms, wall ms), the judge's observation of each
         candidate call by label as (wall seconds, CPU seconds of the runner's threads)): warm-up, then the models in
         a random order each trial on an independent draw of inputs (written where the runner reads them only as its
-        call is asked for), so that clock drift hits them alike; random timed outputs are compared with the
+        call is asked for), so that clock drift hits them alike, until the medians are known well enough (`settled`)
+        or the budget is spent; random timed outputs are compared with the
         reference's on the same inputs. The reference runs here with the runner stopped. On a GPU a candidate's call
         takes the time the runner reports (its events, checked against what is seen from here in
         `unobserved_time`); on the CPU it takes the CPU time the kernel counted for the runner's process, less the
@@ -629,7 +632,9 @@ class Judge:
             if self.defend or trial == -payload["warmup"]:
                 seed, inputs = draws + trial, None
                 inputs = self.make_inputs(seed)
-            checked = self.defend and (trial in (0, trials - 1) or self.unknowable.random() < 0.25)
+            # every one of the first trials, which may be all there are: a candidate wrong on a share of its calls
+            # is caught as surely as the median of its calls is paid
+            checked = self.defend and (trial < MIN_TIMING_TRIALS or trial == trials - 1 or self.unknowable.random() < 0.25)
             # the logged calls are the ones the checks read, the others' times the reported ones
             logged = not (self.cuda and self.defend) or trial < 0 or trial % 2 == 1
             for name in self.unknowable.sample(list(models), len(models)) if self.defend else list(models):
@@ -659,13 +664,26 @@ class Judge:
             if checked and compare(outputs["candidate"], outputs["reference"], payload["tolerance"])[0]:
                 return self.timed_output_wrong(seed, outputs["reference"], trial + payload["warmup"] + 1), \
                     calls, observed
-            if trial + 1 >= 10 and time.perf_counter() > deadline:
+            if trial + 1 >= MIN_TIMING_TRIALS and (time.perf_counter() > deadline or self.settled(calls, harness_ms)):
                 break
         if not self.cuda:
             calls["candidate"] = [(label, max(0.0, ms - min(harness_ms)), wall) for label, ms, wall in calls["candidate"]]
         if self.defend and not self.cuda and (why := other_threads_worked(self.other_threads_s, observed)):
             return self.rejected(why), calls, observed
         return None, calls, observed
+
+    def settled(self, calls: dict, harness_ms: list[float]) -> bool:
+        """Whether every median the speedup is made of is known to within `timing_precision` (`median_known_within`):
+        the reference's (and the compiled one's), and the candidate's as it will be paid: on a GPU with the defences
+        on, its reported calls; on the CPU, less the harness alone."""
+        if not self.payload["timing_precision"]:
+            return False
+        paid = {name: [ms for _, ms, _ in rows] for name, rows in calls.items() if name != "timer"}
+        if self.cuda and self.defend:
+            paid["candidate"] = [ms for label, ms, _ in calls["candidate"] if label not in self.logged]
+        elif not self.cuda:
+            paid["candidate"] = [ms - min(harness_ms) for ms in paid["candidate"]]
+        return all(median_known_within(ms, self.payload["timing_precision"]) for ms in paid.values())
 
     def models_to_time(self) -> dict:
         """The models timed side by side, by name (the candidate's calls are the runner's): the reference, torch.compile

@@ -55,6 +55,21 @@ LOG_COST, LOG_SLACK_MS = 0.15, 0.005
 MAX_HOST_LOAD = 4.0
 
 
+def median_known_within(values: list[float], share: float) -> bool:
+    """Whether the median of `values` is known to within `share` of itself: half the width of its 95% interval from
+    the order statistics (ranks about n/2 -+ 0.98 sqrt(n), which assume nothing of the calls' distribution) is at most
+    `share` of the median. Never from fewer than 5 values."""
+    n = len(values)
+    if n < 5:
+        return False
+    ordered = sorted(values)
+    spread = 0.98 * math.sqrt(n)  # the ranks n/2 - spread and n/2 + 1 + spread, 1-based, to the nearest
+    low = max(0, math.floor(n / 2 - spread + 0.5) - 1)
+    high = min(n - 1, math.floor(n / 2 + spread + 0.5))
+    middle = ordered[n // 2]
+    return middle > 0 and (ordered[high] - ordered[low]) / 2 <= share * middle
+
+
 def median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 

@@ -196,7 +196,8 @@ def test_busy_time_counts_jobs_that_overlap_once():
     assert 0.7 <= busy.seconds < 1.1  # counted twice, the overlap would make it 1.2
 
 
-def test_every_config_field_is_a_flag_with_its_docstring_as_help():
+def test_every_config_field_is_a_flag_with_its_docstring_as_help(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # no help line broken at a hyphen
     help_text = " ".join(cli._parser().format_help().split())
     for name, doc in config_flags.field_docs(ev.EvalConfig).items():
         assert doc in help_text, name
@@ -462,6 +463,22 @@ def test_cli_on_the_cpu_judges_an_honest_kernel_on_cpu_sized_tasks_unless_told_o
     assert "on the CPU: the CPU-sized tasks in tests/tasks/" in result.stderr
     e = json.loads(result.stdout.splitlines()[0])["eval"]
     assert e["status"] == "correct" and e["ref_runtime_ms"] < 50, e
+
+
+@pytest.mark.slow
+def test_cli_timing_stops_once_the_medians_are_known_and_runs_every_trial_when_told_to(tmp_path):
+    """With a precision every honest kernel reaches within a few trials, timing stops soon after the 10 it always
+    runs; with --timing-precision 0 it runs all --timing-trials (the budget long enough for them)."""
+    (tmp_path / "in.jsonl").write_text(json.dumps(cpu_solution("correct_loop")) + "\n")
+    trials = {}
+    for precision in ("1", "0"):
+        result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], "--no-progress",
+                         "--timing-precision", precision, "--timing-budget-s", "300")
+        assert result.returncode == 0, result.stderr
+        e = json.loads(result.stdout.splitlines()[0])["eval"]
+        assert e["status"] == "correct", e
+        trials[precision] = e["timing_trials"]
+    assert 10 <= trials["1"] <= 20 and trials["0"] == 100, trials
 
 
 def test_cli_a_missing_task_folder_is_named_as_such_not_taken_for_an_unknown_task(tmp_path):

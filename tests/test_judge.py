@@ -263,6 +263,18 @@ def test_no_reported_call_is_paid_faster_than_the_judges_own_clock_allows():
     assert [ms for _, ms, _ in floored] == pytest.approx([0.1 + 1.0 - allowance] * 4)
 
 
+def test_a_median_is_known_within_a_share_once_its_order_statistics_are_that_close():
+    """Calls within 1% of each other settle a 1% precision from 5 calls on; one slow call in 10 does not unsettle
+    them; calls spread by 10% do not settle it, however many; too few calls, or a median of 0, never do."""
+    tight = [1.0 + 0.001 * (i % 7) for i in range(10)]
+    assert checks.median_known_within(tight, 0.01)
+    assert checks.median_known_within(tight[:9] + [5.0], 0.01)
+    assert not checks.median_known_within([1.0 + 0.1 * (i % 5) for i in range(100)], 0.01)
+    assert checks.median_known_within([1.0 + 0.1 * (i % 5) for i in range(100)], 0.2)
+    assert not checks.median_known_within([1.0] * 4, 0.01)
+    assert not checks.median_known_within([0.0] * 10, 0.01)
+
+
 def test_the_floors_allowance_is_what_the_harness_alone_was_seen_to_vary_by():
     """Calls of no model within 2 µs of each other allow a few µs; a host whose calls vary by 0.1 ms in their middle
     half allows twice that; one outlier call moves it not at all; a busy host allows no more than the cap, and too
