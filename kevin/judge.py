@@ -18,9 +18,10 @@ candidate's process (the runner, runner.py) only runs it:
   judge's wall clock agrees within what the harness alone takes, measured on the same runner before the
   candidate was imported, and the GPU time of whatever the runner ran between its timed calls beyond the
   harness's own copies is added to them; and no call is paid as faster than the judge's own clock saw it take,
-  less the harness alone's time on the same inputs and what the judge saw that vary by (`judges_floor`); every other timed call runs under the runner's kernel log, which
-  slows some kernels, and is checked, the others are reported, and their time may fall short of the logged
-  calls' kernels by no more than the log costs an honest kernel;
+  less the harness alone's time on the same inputs and what the judge saw that vary by (`judges_floor`); every
+  other timed call runs under the runner's kernel log, which slows some kernels, and is checked, the others are
+  reported, and their time may fall short of the logged calls' kernels by no more than the log costs an honest
+  kernel;
 - each request carries a number drawn here that its answer must echo: bytes the candidate writes on the
   socket are no answer.
 
@@ -49,8 +50,8 @@ import torch
 from kevin.harness import (flatten_outputs, flush_buffer, identical, make_timer, peak_resident_bytes, start_task,
                            wait_awake)
 from kevin.judge_checks import (charge_between_calls, clock_mismatch, compare, floor_allowance, judges_floor,
-                                log_dodging, median, median_known_within, other_threads_worked, own_kernel_share, repeat_disagrees, slowed_reference,
-                                unobserved_time)
+                                log_dodging, median, median_known_within, other_threads_worked, own_kernel_share,
+                                repeat_disagrees, slowed_reference, unobserved_time)
 from kevin.tensor_exchange import Arena
 
 # Clean calls of the harness alone, before the candidate is imported: what a timed call costs with no model.
@@ -609,8 +610,8 @@ class Judge:
         candidate call by label as (wall seconds, CPU seconds of the runner's threads)): warm-up, then the models in
         a random order each trial on an independent draw of inputs (written where the runner reads them only as its
         call is asked for), so that clock drift hits them alike, until the medians are known well enough (`settled`)
-        or the budget is spent; random timed outputs are compared with the
-        reference's on the same inputs. The reference runs here with the runner stopped. On a GPU a candidate's call
+        or the budget is spent; random timed outputs are compared with the reference's on the same inputs. The
+        reference runs here with the runner stopped. On a GPU a candidate's call
         takes the time the runner reports (its events, checked against what is seen from here in
         `unobserved_time`); on the CPU it takes the CPU time the kernel counted for the runner's process, less the
         harness's own (`harness_alone`), and the reference the CPU time of this thread: nothing the candidate's
@@ -634,7 +635,8 @@ class Judge:
                 inputs = self.make_inputs(seed)
             # every one of the first trials, which may be all there are: a candidate wrong on a share of its calls
             # is caught as surely as the median of its calls is paid
-            checked = self.defend and (trial < MIN_TIMING_TRIALS or trial == trials - 1 or self.unknowable.random() < 0.25)
+            checked = self.defend and (trial < MIN_TIMING_TRIALS or trial == trials - 1
+                                       or self.unknowable.random() < 0.25)
             # the logged calls are the ones the checks read, the others' times the reported ones
             logged = not (self.cuda and self.defend) or trial < 0 or trial % 2 == 1
             for name in self.unknowable.sample(list(models), len(models)) if self.defend else list(models):
