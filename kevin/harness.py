@@ -17,6 +17,7 @@ import contextlib
 import importlib.util
 import re
 import resource
+import select
 import time
 
 import torch
@@ -38,9 +39,12 @@ AWAKE_S = 0.2
 def wait_awake(conn, limit_s: float = AWAKE_S) -> None:
     """Poll `conn` until a message is there or `limit_s` has passed: a process woken from sleep, on a core that went
     idle meanwhile, starts up to tens of µs late, and that lateness falls inside the judge's clock of a call. Only
-    for a process on a core no other is given (`isolation.timing_cores`)."""
+    for a process on a core no other is given (`isolation.timing_cores`). One system call a look (the connection's
+    own poll() makes a selector each time: 5 µs a look against 0.6)."""
+    ready = select.poll()
+    ready.register(conn.fileno(), select.POLLIN)
     deadline = time.perf_counter() + limit_s
-    while not conn.poll() and time.perf_counter() < deadline:
+    while not ready.poll(0) and time.perf_counter() < deadline:
         pass
 
 
