@@ -669,7 +669,7 @@ class Judge:
             if trial + 1 >= MIN_TIMING_TRIALS and (time.perf_counter() > deadline or self.settled(calls, harness_ms)):
                 break
         if not self.cuda:
-            calls["candidate"] = [(label, max(0.0, ms - min(harness_ms)), wall) for label, ms, wall in calls["candidate"]]
+            calls["candidate"] = less_the_harness(calls["candidate"], harness_ms)
         if self.defend and not self.cuda and (why := other_threads_worked(self.other_threads_s, observed)):
             return self.rejected(why), calls, observed
         return None, calls, observed
@@ -684,7 +684,7 @@ class Judge:
         if self.cuda and self.defend:
             paid["candidate"] = [ms for label, ms, _ in calls["candidate"] if label not in self.logged]
         elif not self.cuda:
-            paid["candidate"] = [ms - min(harness_ms) for ms in paid["candidate"]]
+            paid["candidate"] = [ms for _, ms, _ in less_the_harness(calls["candidate"], harness_ms)]
         return all(median_known_within(ms, self.payload["timing_precision"]) for ms in paid.values())
 
     def models_to_time(self) -> dict:
@@ -729,6 +729,12 @@ class Judge:
             return self.rejected(why)
         return {"incorrect": f"timed call {call}, on inputs the correctness trials did not draw: {why}",
                 "max_abs_diff": diff, "max_rel_diff": rel, "times": self.times}
+
+
+def less_the_harness(rows: list, harness_ms: list[float]) -> list:
+    """A CPU candidate's timed calls as they are paid: each less the cheapest call of the harness alone
+    (`Judge.harness_alone`), and never below nothing."""
+    return [(label, max(0.0, ms - min(harness_ms)), wall) for label, ms, wall in rows]
 
 
 def judge(payload: dict, runner) -> dict:
