@@ -481,6 +481,20 @@ def test_cli_timing_stops_once_the_medians_are_known_and_runs_every_trial_when_t
     assert 10 <= trials["1"] <= 20 and trials["0"] == 100, trials
 
 
+@pytest.mark.slow
+def test_cli_timing_that_stops_early_still_catches_a_kernel_wrong_on_every_other_call(tmp_path):
+    """Timing stops after its 10 trials at a loose precision; a kernel wrong on every other timed call (half its calls
+    fast and wrong) is still caught, since every one of those trials is checked (with trial 0 and a random quarter
+    of them checked, as before, its wrong calls went unchecked in 1 run of 8)."""
+    path = ROOT / "tests" / "adversarial" / "cpu" / "level1" / "7_ReLU.rejected_changed-during-timing.every-other-call.py"
+    (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": path.read_text()}) + "\n")
+    result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", CPU["tasks"], "--no-progress",
+                     "--timing-precision", "1", "--timing-budget-s", "300")
+    assert result.returncode == 0, result.stderr
+    e = json.loads(result.stdout.splitlines()[0])["eval"]
+    assert e["status"] == "rejected" and "[changed-during-timing]" in e["feedback"], e
+
+
 def test_cli_a_missing_task_folder_is_named_as_such_not_taken_for_an_unknown_task(tmp_path):
     (tmp_path / "in.jsonl").write_text(json.dumps({"task": "level1/7_ReLU", "code": "no code"}) + "\n")
     result = run_cli(str(tmp_path / "in.jsonl"), "--device", "cpu", "--tasks", str(tmp_path / "nonexistent"))
