@@ -51,9 +51,11 @@ def test_a_changed_library_light_header_or_precompiled_header_is_made_again_not_
     [library] = [p for p in builds.glob("*/*.so")]
     [light] = (builds / "light").iterdir()
     types_h, pch = light / "torch" / "types.h", light / "torch" / "extension.h.gch"
+    guard_h = light / "ATen" / "DeviceGuard.h"
     assert build_cache._matches_digest(library) and build_cache._matches_digest(pch)
     for path, text in ((library, b"a library a candidate wrote: loading it would run its code"),
                        (types_h, b'#error "what a compile child left for the next build to include"\n'),
+                       (guard_h, b'#error "what every per-operator header would include"\n'),
                        (pch, b"a header a candidate wrote: every later build would include it")):
         path.unlink()
         path.write_bytes(text)
@@ -62,6 +64,7 @@ def test_a_changed_library_light_header_or_precompiled_header_is_made_again_not_
     assert [e["status"] for e in later] == ["correct", "correct"], [e["feedback"] for e in later]
     assert library.read_bytes()[:4] == b"\x7fELF" and build_cache._matches_digest(library)
     assert types_h.read_text() == build_cache._LIGHT_TYPES_H and build_cache._matches_digest(pch)
+    assert guard_h.read_text() == build_cache._LIGHT_DEVICE_GUARD_H
 
 
 def test_a_library_without_a_recorded_digest_is_not_trusted(tmp_path):

@@ -854,20 +854,24 @@ def test_an_illegal_memory_access_does_not_affect_the_next_kernel(cuda_results):
 @gpu
 def test_a_cuda_file_beyond_the_light_header_is_built_as_written(cuda_results):
     """The light headers the evaluator tries first lack torch's autograd; the build falls back to the source
-    as written. A plain kernel is built against the light headers."""
+    as written. A plain kernel is built against the light headers, and so is one that guards the device with
+    `device_of` and launches on ATen's current stream (the light stand-in for ATen/DeviceGuard.h)."""
     records, results = cuda_results
     e = next(e for r, e in zip(records, results) if r["solution"].endswith("correct_beyond_light_header"))
     assert e["status"] == "correct", e["feedback"]
 
     def took_light(solution: str) -> list[bool]:
-        """Whether each build folder whose CUDA file holds the candidate's source as written took the light headers."""
+        """Whether each build folder whose CUDA file holds the candidate's source (as written, or with the include
+        a light build swaps) took the light headers."""
         code = next(r["code"] for r in records if r["solution"].endswith(solution))
         source = re.search(r'cuda_source = r?"""(.*?)"""', code, re.S).group(1)
+        sources = {source, build_cache.HEAVY_INCLUDE.sub("#include <torch/types.h>", source)}
         return [json.loads((f.parent / "shortcuts.json").read_text())["light"]
-                for f in (ROOT / ".cache" / "builds").glob("*/cuda.cu") if source in f.read_text()]
+                for f in (ROOT / ".cache" / "builds").glob("*/cuda.cu") if any(s in f.read_text() for s in sources)]
 
     assert took_light("7_ReLU.correct_beyond_light_header") == [False]  # its source names torch/extension.h
-    assert took_light("7_ReLU.correct_vec4") and all(took_light("7_ReLU.correct_vec4"))
+    for plain in ("7_ReLU.correct_vec4", "7_ReLU.correct_device_guard"):
+        assert took_light(plain) and all(took_light(plain)), plain
 
 
 def start_for_ctrl_c(command: list[str]) -> subprocess.Popen:
