@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the logs and results}
 mkdir -p "$OUT/keep" .cache
 ln -sfn ../.cache .old/.cache  # the older evaluator reads the same build cache
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # kevin/ uninstalled
 
 step() {  # step NAME COMMAND...: its output in $OUT/NAME.log, its exit status in $OUT/summary.txt (only the
     local name=$1 started=$SECONDS; shift  # steps STEPS names, where it is set)
