@@ -74,8 +74,9 @@ _LIGHT_EXTENSION_H = ("// evaluate.py's light stand-in for torch/extension.h in 
                       "#include <torch/types.h>\n#include <ATen/Parallel.h>\n#include <torch/csrc/Exceptions.h>\n")
 # ATen/DeviceGuard.h, which every per-operator header includes: the real one declares device_of for a list of
 # tensors, whose list type pulls in c10::List and IValue: a third of the CUDA file's compile (nvcc's CPU time on the
-# 29 CUDA files of solutions/ that build light, median 16.0 s against 10.6 with the stand-in, on 2 cores). The stand-in gives device_of for a tensor and an optional one; cat and stack,
-# whose signatures need the list type, are left out of the light operators, so a source calling them misses a name.
+# 29 CUDA files of solutions/ that build light, median 16.0 s against 10.6 with the stand-in, on 2 cores). The
+# stand-in gives device_of for a tensor and an optional one; cat and stack, whose signatures need the list type, are
+# left out of the light operators, so a source calling them misses a name.
 _LIGHT_DEVICE_GUARD_H = (
     "// evaluate.py's light stand-in for ATen/DeviceGuard.h in a build's first attempt\n#pragma once\n"
     "#include <ATen/core/Tensor.h>\n#include <c10/core/DeviceGuard.h>\nnamespace at {\n"
