@@ -448,6 +448,11 @@ def takes_light(arguments: dict, light: Path) -> bool:
     return not any(_BEYOND_LIGHT.search(s) for s in sources) and not re.search(r"\s", str(light))
 
 
+def light_cuda_source(source: str) -> str:
+    """A CUDA source as its build against the light headers compiles it: torch/extension.h becomes torch/types.h."""
+    return HEAVY_INCLUDE.sub("#include <torch/types.h>", source)
+
+
 def _fast_load_inline(original, arguments: dict, folder: Path, light: Path):
     """load_inline past most of torch's headers, which are >95% of a build: its CUDA file and its main.cpp
     are compiled against the light headers (`_LIGHT_HEADERS`) in `light`, first on
@@ -467,7 +472,7 @@ def _fast_load_inline(original, arguments: dict, folder: Path, light: Path):
     def build():
         kwargs = dict(arguments)
         if took_light:
-            kwargs["cuda_sources"] = [HEAVY_INCLUDE.sub("#include <torch/types.h>", s) for s in cuda]
+            kwargs["cuda_sources"] = [light_cuda_source(s) for s in cuda]
             kwargs["extra_cflags"] = [f"-I{light}"] + list(arguments.get("extra_cflags") or [])
             kwargs["extra_cuda_cflags"] = [f"-I{light}"] + list(arguments.get("extra_cuda_cflags") or [])
         return original(**kwargs)

@@ -754,7 +754,7 @@ def test_cuda_files_compile_against_the_light_header_or_fail_with_a_missing_name
         source = re.search(r'cuda_source = r"""(.*?)"""', code, re.S).group(1)
         cu = tmp_path / f"{stem}.cu"  # load_inline's first lines, then the source with the include the evaluator swaps
         cu.write_text("#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
-                      + build_cache.HEAVY_INCLUDE.sub("#include <torch/types.h>", source))
+                      + build_cache.light_cuda_source(source))
         done = subprocess.run(["nvcc", *flags, str(cu), "-o", str(cu.with_suffix(".o"))], capture_output=True, text=True)
         errors[stem] = [line for line in (done.stdout + done.stderr).splitlines() if "error" in line]
         assert done.returncode == 0 or errors[stem], done.stdout + done.stderr
@@ -865,7 +865,7 @@ def test_a_cuda_file_beyond_the_light_header_is_built_as_written(cuda_results):
         a light build swaps) took the light headers."""
         code = next(r["code"] for r in records if r["solution"].endswith(solution))
         source = re.search(r'cuda_source = r?"""(.*?)"""', code, re.S).group(1)
-        sources = {source, build_cache.HEAVY_INCLUDE.sub("#include <torch/types.h>", source)}
+        sources = {source, build_cache.light_cuda_source(source)}
         return [json.loads((f.parent / "shortcuts.json").read_text())["light"]
                 for f in (ROOT / ".cache" / "builds").glob("*/cuda.cu") if any(s in f.read_text() for s in sources)]
 
