@@ -15,11 +15,10 @@ candidate's process (the runner, runner.py) only runs it:
   of the runner's process (the kernel's clock of it, which keeps what exited threads spent), from before the
   call's inputs are written to the answer that hands its outputs over. On the CPU that CPU time, less the
   harness's own, is the candidate's time; on a GPU the runner's own CUDA events are, accepted only where the
-  judge's wall clock agrees within what a call of no candidate takes beyond its events, measured on the same
-  runner before the candidate was imported, and the GPU time of whatever the runner ran between its timed calls
-  beyond the harness's own copies is added to them; and no call is paid as faster than the judge's own clock saw
-  it take, less what an honest model's calls took beyond their events on the same inputs (the task's own Model,
-  in the runner before the candidate was imported) and what the judge saw that vary by (`judges_floor`); every
+  judge's wall clock agrees within what the harness alone takes, measured on the same runner before the
+  candidate was imported, and the GPU time of whatever the runner ran between its timed calls beyond the
+  harness's own copies is added to them; and no call is paid as faster than the judge's own clock saw it take,
+  less the harness alone's time on the same inputs and what the judge saw that vary by (`judges_floor`); every
   other timed call runs under the runner's kernel log, which slows some kernels, and is checked, the others are
   reported, and their time may fall short of the logged calls' kernels by no more than the log costs an honest
   kernel;
@@ -449,12 +448,11 @@ class Judge:
     def before_the_candidate(self, inputs: list) -> tuple[dict, dict[str, float]]:
         """Clean measurements, taken before the candidate is imported so that it has no part in them, and as the
         timing will call (each call of the runner after the reference has run with the runner stopped):
-        - what a timed call of the runner costs with no candidate (`null`: on the CPU no model at all, on a GPU
-          the task's own Model in the runner), as the judge sees it: the least wall time beyond the runner's
-          report, and the least CPU time of the runner's threads, from `go` to the answer to `collect` (the least,
-          not the median: a 0.1 ms CPU kernel less a noisy harness's median once came out at no time at all, paid
-          as the fastest possible; less the cheapest call, it can only read slower), and on a GPU the wall time
-          beyond the events of each call made with the kernel log off (`unlogged`), as the reported calls are
+        - what a timed call of the runner costs with no model at all, as the judge sees it: the least wall time
+          beyond the runner's report, and the least CPU time of the runner's threads, from `go` to the answer to
+          `collect` (the least, not the median: a 0.1 ms CPU kernel less a noisy harness's median once came out
+          at no time at all, paid as the fastest possible; less the cheapest call, it can only read slower), and
+          on a GPU the wall time of each call made with the kernel log off (`unlogged`), as the reported calls are
           made, and their median (`seen`), which the judge's floor starts from;
         - on a GPU, the reference's fastest call and the fastest of the judge's own one-element kernel, which
           `slowed_reference` compares with (on the CPU the runner is stopped while the reference runs, so nothing
@@ -474,7 +472,7 @@ class Judge:
             if logged:
                 self.logged.add(f"null/{i}")
             else:
-                unlogged.append(walls[-1])
+                unlogged.append(wall_s * 1e3)
         harness = {"wall": min(walls, default=0.0), "cpu": min(cpus, default=0.0),
                    "seen": median(unlogged) if unlogged else 0.0, "unlogged": unlogged}
         warm = self.payload["warmup"]  # the first calls, as the timing's warm-ups, are left out where more follow

@@ -34,17 +34,16 @@ HARNESS_SLACK, HARNESS_SLACK_MS, CALL_SLACK = 2.0, 0.1, 0.05
 # At most this share of the CPU time of the runner's timed calls may be on other threads than the one that calls
 # forward (plus 2 ms): on the CPU an honest candidate's other threads are idle while it runs.
 MAX_OTHER_THREADS = 0.1
-# How much longer the judge's own clock may see a reported GPU call take beyond the time its CUDA events report
-# (medians), than it saw the clean calls take beyond theirs (the task's own Model in the runner, before the candidate
-# was imported), without that being added to it; whatever is hidden from the events beyond it (work on a stream they
-# never wait for, a clock rewritten in the runner's process) is paid. The allowance is what the judge saw that vary
-# by in the clean calls (`floor_allowance`): twice the spread of their middle half, plus FLOOR_SLACK_MS (an honest
-# launch's few µs), and never more than FLOOR_CAP_MS, the noise of two processes' medians on a busy host (18 honest
-# kernels on an H100, judged while the other candidates built on all of its 16 cores, were seen -0.52 to +0.22 ms
-# beyond their events against calls of no model).
+# How much longer than the harness alone the judge's own clock may see a reported GPU call take (medians) beyond the
+# time its CUDA events report, without that being added to it; whatever is hidden from the events beyond it (work on
+# a stream they never wait for, a clock rewritten in the runner's process) is paid. The allowance is what the judge
+# saw its own clock of the harness alone vary by before the candidate was imported (`floor_allowance`): twice the
+# spread of the middle half of those calls, plus FLOOR_SLACK_MS (an honest launch's few µs), and never more than
+# FLOOR_CAP_MS, the noise of two processes' medians on a busy host (18 honest kernels on an H100, judged while the
+# other candidates built on all of its 16 cores, were seen -0.52 to +0.22 ms beyond their events).
 FLOOR_SLACK_MS, FLOOR_CAP_MS = 0.01, 0.3
 # GPU time the runner may spend between two timed calls beyond the harness's own (copying the outputs out, as
-# measured after the clean calls): times, plus. What is more is the candidate's, added to each call's time.
+# measured in the calls with no model): times, plus. What is more is the candidate's, added to each call's time.
 BETWEEN_SLACK, BETWEEN_SLACK_MS = 1.1, 0.002
 # How much more GPU time a candidate's calls may take under the kernel log than without it (times, plus): CUPTI
 # slows some kernels themselves, one thread per element the most (a scalar tanh and ReLU over 16M floats ran 8.7%
@@ -261,29 +260,28 @@ def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str |
     return None
 
 
-def floor_allowance(clean_beyond_ms: list[float]) -> float:
+def floor_allowance(harness_ms: list[float]) -> float:
     """How far beyond its reported time the judge may see a call (`judges_floor`) before the rest is paid, in ms:
-    from what its clock saw the clean calls take beyond their events (`clean_beyond_ms`, before the candidate was
-    imported, which nothing of the candidate's could shape), twice the spread of their middle half plus
-    FLOOR_SLACK_MS, at most FLOOR_CAP_MS. On a quiet host a few µs; on a busy one the noise its medians carry there."""
-    calls = sorted(clean_beyond_ms)
+    from its clock of the harness alone (`harness_ms`, calls of no model before the candidate was imported, which
+    nothing of the candidate's could shape), twice the spread of their middle half plus FLOOR_SLACK_MS, at most
+    FLOOR_CAP_MS. On a quiet host a few µs; on a busy one the noise the judge's medians carry there."""
+    calls = sorted(harness_ms)
     if len(calls) < 4:
         return FLOOR_CAP_MS
     spread = calls[3 * len(calls) // 4] - calls[len(calls) // 4]
     return min(FLOOR_CAP_MS, FLOOR_SLACK_MS + 2 * spread)
 
 
-def judges_floor(reported: list, observed: dict, clean_beyond_ms: float, allowance_ms: float) -> tuple[list, float]:
+def judges_floor(reported: list, observed: dict, harness_ms: float, allowance_ms: float) -> tuple[list, float]:
     """(the reported calls, each raised to the least time the judge's own clock allows for it, and how much longer
-    than their reported time the judge saw them take, beyond what it saw the clean calls take beyond theirs, in ms):
-    the median of the judge's wall clock around each call (from its inputs written to its outputs handed over) less
-    the median reported time and `clean_beyond_ms` (the clean calls' median). What it saw beyond `allowance_ms` is
-    added to each call: no work the runner's events or kernel log do not show, nor a number its process makes up,
-    is paid as faster than the judge's own clock allows."""
+    than their reported time the judge saw them take, in ms): the median of the judge's wall clock around each call
+    (from its inputs written to its outputs handed over) less the median of the harness alone's, against the median
+    reported time. What it saw beyond `allowance_ms` is added to each call: no work the runner's events or kernel
+    log do not show, nor a number its process makes up, is paid as faster than the judge's own clock allows."""
     seen = [observed[label][0] * 1e3 for label, _, _ in reported if label in observed]
     if not seen:
         return reported, 0.0
-    beyond = median(seen) - clean_beyond_ms - median([ms for _, ms, _ in reported])
+    beyond = median(seen) - harness_ms - median([ms for _, ms, _ in reported])
     extra = max(0.0, beyond - allowance_ms)
     return [(label, ms + extra, wall) for label, ms, wall in reported], beyond
 

@@ -173,8 +173,7 @@ class Runner:
         self.kernel_log = KernelLog() if self.cuda and self.defend else None
         self.timer = make_timer(self.cuda, self.flush, self.kernel_log)
         self.arena = self.model = self.tamper = self.pending = None
-        self.null_outputs: list[torch.Tensor] = []  # on the CPU, made once the arena's layout is known
-        self.reference = None  # on a GPU, the task's own Model until the candidate is imported
+        self.null_outputs: list[torch.Tensor] = []  # made once the arena's layout is known (on a GPU, until the import)
         self.memory_limit: int | None = None  # bytes this process may hold, on a GPU
         self.labels: set[str] = set()
         self.awake = payload.get("spin_waits", False)  # on a core of its own: the judge's requests waited for awake
@@ -206,12 +205,8 @@ class Runner:
             self.memory_limit = torch.cuda.memory_reserved(self.device) + int(message["memory_limit"])
             total = torch.cuda.mem_get_info(self.device)[1]
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.memory_limit / total), self.device)
-        if not self.cuda:
-            self.null_outputs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self.arena.outputs
-                                 if s is not None]
-        elif self.defend:  # for the clean calls (`go`), built under the cap like the candidate's model
-            torch.manual_seed(self.payload["seed"])
-            self.reference = self.task.Model(*self.init_inputs).to(self.device).eval()
+        self.null_outputs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self.arena.outputs
+                             if s is not None]
         return {}
 
     def arguments(self, message: dict) -> list:
@@ -223,9 +218,7 @@ class Runner:
         """The candidate imported and ModelNew built under the task's seed, the tamper check's snapshot first."""
         self.tamper = TamperCheck(self.payload)
         if self.cuda:  # its memory is the candidate's from here; on the CPU the judge times the harness throughout
-            self.reference = None
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
+            self.null_outputs = []
         candidate = import_file(self.payload["candidate"], "candidate")
         torch.manual_seed(self.payload["seed"])
         self.model = candidate.ModelNew(*self.init_inputs).to(self.device).eval()
@@ -277,28 +270,21 @@ class Runner:
         waits on each: `go` makes the call and answers as it returns, `collect` checks its outputs and hands them
         over. Every call hands them over, and the judge reads some (the spot checks): a call cannot tell whether
         it is checked, so work put off until its outputs are read is done in every call, inside the judge's
-        clocks. With `null`, the call is of no candidate, asked before it is imported: on the CPU of no model at
-        all, what the harness alone costs, handing over included (asked between the candidate's calls too; its
-        outputs made once, ahead: making an output is the model's work, and the reference's); on a GPU of the
-        task's own Model, what an honest model's call costs the host beyond its events (its own host work slows
-        the harness's around it: by a third, 50 to 100 µs a call on an H100, against calls of no model)."""
+        clocks. With `null`, the call is of no model at all: what the harness alone costs, handing over included,
+        asked before the candidate is imported (and on the CPU between its calls too; its outputs made once,
+        ahead: making an output is the model's work, and the reference's)."""
         args = self.arguments(message)
-        if message.get("null"):  # the task's own outputs may be views of its inputs
-            model, held = (self.reference if self.cuda else lambda *a: self.null_outputs), []
-        else:
-            model, held = self.model, input_spans(args)
+        model = (lambda *a: self.null_outputs) if message.get("null") else self.model
+        held = input_spans(args)
         self.labels.add(message["label"])
         events, wall, out = self.timer(model, args, message["label"])
         self.pending = {"out": out, "held": held}
         return {"events": events, "wall": wall}
 
     def log(self, message: dict) -> dict:
-        """The kernel log's GPU side on or off, asked between timed calls (the judge's clock of a call excludes it),
-        then a timed call of nothing: what the profiler puts off until its next calls of CUDA (0.2 ms after the
-        log is turned off, 2 ms after it is turned on, on an H100) is paid here, not in the next timed call."""
+        """The kernel log's GPU side on or off, asked between timed calls (the judge's clock of a call excludes it)."""
         if self.kernel_log:
             self.kernel_log.record(bool(message["on"]))
-            self.timer(lambda: None, [], "log")
         return {}
 
     def collect(self, message: dict) -> dict:

@@ -250,15 +250,15 @@ def test_the_reference_is_timed_only_once_every_thread_of_the_runner_is_stopped(
 
 
 def test_no_reported_call_is_paid_faster_than_the_judges_own_clock_allows():
-    """The judge saw each reported call 1 ms longer beyond its reported time than the clean calls beyond theirs (work
-    its events never saw): what is beyond the allowance is added to each call; an honest candidate, seen within the
+    """The judge saw each reported call 1 ms longer than the harness alone took plus its reported time (work its
+    events never saw): what is beyond the allowance is added to each call; an honest candidate, seen within the
     allowance, keeps its times."""
     reported = [(f"candidate/{i}", 0.1, 0.15) for i in range(0, 8, 2)]
     allowance = 0.02
     honest = {label: ((0.05 + ms + allowance / 2) / 1e3, 0.0) for label, ms, _ in reported}
-    assert checks.judges_floor(reported, honest, clean_beyond_ms=0.05, allowance_ms=allowance)[0] == reported
+    assert checks.judges_floor(reported, honest, harness_ms=0.05, allowance_ms=allowance)[0] == reported
     hidden = {label: ((0.05 + ms + 1.0) / 1e3, 0.0) for label, ms, _ in reported}
-    floored, beyond = checks.judges_floor(reported, hidden, clean_beyond_ms=0.05, allowance_ms=allowance)
+    floored, beyond = checks.judges_floor(reported, hidden, harness_ms=0.05, allowance_ms=allowance)
     assert beyond == pytest.approx(1.0)
     assert [ms for _, ms, _ in floored] == pytest.approx([0.1 + 1.0 - allowance] * 4)
 
@@ -275,8 +275,8 @@ def test_a_median_is_known_within_a_share_once_its_order_statistics_are_that_clo
     assert not checks.median_known_within([0.0] * 10, 0.01)
 
 
-def test_the_floors_allowance_is_what_the_clean_calls_were_seen_to_vary_by():
-    """Clean calls within 2 µs of each other allow a few µs; a host whose calls vary by 0.1 ms in their middle
+def test_the_floors_allowance_is_what_the_harness_alone_was_seen_to_vary_by():
+    """Calls of no model within 2 µs of each other allow a few µs; a host whose calls vary by 0.1 ms in their middle
     half allows twice that; one outlier call moves it not at all; a busy host allows no more than the cap, and too
     few calls to tell allow the cap."""
     quiet = [0.400 + 0.0002 * i for i in range(10)]
