@@ -86,6 +86,15 @@ class Cluster:
                 os.killpg(node.pid, signal.SIGKILL)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def without_token_authentication():
+    """The local cluster's nodes, and the evaluators that join it, with Ray's token authentication off: a token a
+    user's own Ray left in ~/.ray made the head ask for it and the workers, not given it, fail to join."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        yield
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """In a short folder of /tmp: Ray's sockets live under its temp dir, and a Unix socket's path has at most 107
