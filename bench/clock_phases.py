@@ -94,12 +94,13 @@ def phases_of(result: dict) -> dict:
     def kind(prefix: str) -> list[dict]:
         return [c for c in calls if c["label"].startswith(prefix) and c.get("events") is not None
                 and not c["label"].split("/")[1].startswith("-") and (not unlogged or c["label"] not in logged)]
-    clean, reported = medians(kind("null/")), medians(kind("candidate/"))
+    candidate_calls = kind("candidate/")
+    clean, reported = medians(kind("null/")), medians(candidate_calls)
     if not clean or not reported:
         return {}
     excess = {k: reported[k] - clean[k] - (reported["events"] - clean["events"] if k in WITH_THE_CALL else 0)
               for k in PHASES}
-    return {"clean": clean, "excess": excess, "reported_calls": len(kind("candidate/"))}
+    return {"clean": clean, "excess": excess, "reported_calls": len(candidate_calls)}
 
 
 def main():
