@@ -7,11 +7,11 @@ kernel the median of each phase in the clean calls, and how much longer it was i
 (their events taken off where the phase holds the call):
 
   prep      the judge writes the inputs and clears the output slots (its own GPU copies, and a synchronize)
-  go        the request, the runner's timed call and its answer, of which
+  go        the request, the runner's timed call, its outputs handed over, and its answer, of which
   timer     the runner's timer from its first synchronize to its last (the events are inside), of which
   beyond    the timer's wall clock less the events: the flush's tail, the launch, the closing synchronize
-  collect   the request to hand the outputs over and its answer, of which
   put       the runner's copy into the slots and its synchronize
+  answer    the rest of go: the request and answer crossing the socket, and the runner's Python around them
 
     python bench/clock_phases.py --kernels 7_ReLU.correct_vec4,10_Tanh.correct_scalar --reps 3
 """
@@ -26,23 +26,18 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("judge", "prep", "go", "timer", "beyond", "collect", "put")
+PHASES = ("judge", "prep", "go", "timer", "beyond", "put", "answer")
 WITH_THE_CALL = {"judge", "go", "timer"}  # phases that hold the model's own GPU time (its events)
 
 # (file, text, what replaces it): each must be found once, or the copy is not made.
 NOTES = [
     ("judge.py", '''        answer = self.ask(message, awake=self.awake)
-        if not self.failed(answer):
-            answer = {**answer, **self.ask({"op": "collect"}, awake=self.awake)}
         wall_s = time.perf_counter() - began
 ''', '''        sent = time.perf_counter()
         answer = self.ask(message, awake=self.awake)
-        answered = time.perf_counter()
-        if not self.failed(answer):
-            answer = {**answer, **self.ask({"op": "collect"}, awake=self.awake)}
         wall_s = time.perf_counter() - began
         self.phases.append({"label": label, "judge": wall_s * 1e3, "prep": (sent - began) * 1e3,
-                            "go": (answered - sent) * 1e3, "collect": (began + wall_s - answered) * 1e3,
+                            "go": (began + wall_s - sent) * 1e3,
                             **{k: answer.get(k) for k in ("events", "wall", "timer", "put")}})
 '''),
     ("judge.py", '''        walls, cpus, unlogged, clean = [], [], [], {"reference": [], "timer": []}
@@ -55,14 +50,12 @@ NOTES = [
     ("evaluator.py", '''floor_allowance_ms=outcome.get("floor_allowance_ms"),''',
      '''floor_allowance_ms=outcome.get("floor_allowance_ms"), phases=outcome.get("phases"),'''),
     ("runner.py", '''        events, wall, out = self.timer(model, args, message["label"])
-        self.pending = {"out": out, "held": held}
-        return {"events": events, "wall": wall}''', '''        began = time.perf_counter()
+        return {"events": events, "wall": wall, **self.put_outputs(out, held)}''', '''        began = time.perf_counter()
         events, wall, out = self.timer(model, args, message["label"])
-        self.pending = {"out": out, "held": held}
-        return {"events": events, "wall": wall, "timer": (time.perf_counter() - began) * 1e3}'''),
-    ("runner.py", '''        return self.put_outputs(pending["out"], pending["held"])''', '''        began = time.perf_counter()
-        answer = self.put_outputs(pending["out"], pending["held"])
-        return {**answer, "put": (time.perf_counter() - began) * 1e3}'''),
+        timed = time.perf_counter()
+        answer = self.put_outputs(out, held)
+        return {"events": events, "wall": wall, **answer, "timer": (timed - began) * 1e3,
+                "put": (time.perf_counter() - timed) * 1e3}'''),
 ]
 
 
@@ -80,7 +73,7 @@ def noted_copy(folder: Path) -> Path:
 
 def medians(calls: list[dict]) -> dict:
     """Each phase's median over `calls`, in ms (the timer's beyond its events as `beyond`)."""
-    rows = [{**c, "beyond": c["wall"] - c["events"]} for c in calls]
+    rows = [{**c, "beyond": c["wall"] - c["events"], "answer": c["go"] - c["timer"] - c["put"]} for c in calls]
     return {k: statistics.median(r[k] for r in rows) for k in (*PHASES, "events")} if rows else {}
 
 

@@ -449,11 +449,11 @@ class Judge:
         """Clean measurements, taken before the candidate is imported so that it has no part in them, and as the
         timing will call (each call of the runner after the reference has run with the runner stopped):
         - what a timed call of the runner costs with no model at all, as the judge sees it: the least wall time
-          beyond the runner's report, and the least CPU time of the runner's threads, from `go` to the answer to
-          `collect` (the least, not the median: a 0.1 ms CPU kernel less a noisy harness's median once came out
-          at no time at all, paid as the fastest possible; less the cheapest call, it can only read slower), and
-          on a GPU the wall time of each call made with the kernel log off (`unlogged`), as the reported calls are
-          made, and their median (`seen`), which the judge's floor starts from;
+          beyond the runner's report, and the least CPU time of the runner's threads, from before the inputs are
+          written to the answer that hands the outputs over (the least, not the median: a 0.1 ms CPU kernel less a
+          noisy harness's median once came out at no time at all, paid as the fastest possible; less the cheapest
+          call, it can only read slower), and on a GPU the median wall time of the calls made with the kernel log
+          off, as the reported calls are made (`seen`), which the judge's floor starts from;
         - on a GPU, the reference's fastest call and the fastest of the judge's own one-element kernel, which
           `slowed_reference` compares with (on the CPU the runner is stopped while the reference runs, so nothing
           of the candidate's can slow it there)."""
@@ -501,8 +501,6 @@ class Judge:
         message = {"op": "go", "label": label, "null": null, **self.put_inputs(inputs)}
         self.clear_slots()
         answer = self.ask(message, awake=self.awake)
-        if not self.failed(answer):
-            answer = {**answer, **self.ask({"op": "collect"}, awake=self.awake)}
         wall_s = time.perf_counter() - began
         process_after, main_after = runner_cpu_s(pid)
         self.other_threads_s += (process_after - process) - (main_after - main)

@@ -172,7 +172,7 @@ class Runner:
         self.flush = flush_buffer(self.device)  # made now, before any candidate: there for every call alike
         self.kernel_log = KernelLog() if self.cuda and self.defend else None
         self.timer = make_timer(self.cuda, self.flush, self.kernel_log)
-        self.arena = self.model = self.tamper = self.pending = None
+        self.arena = self.model = self.tamper = None
         self.null_outputs: list[torch.Tensor] = []  # made once the arena's layout is known (on a GPU, until the import)
         self.memory_limit: int | None = None  # bytes this process may hold, on a GPU
         self.labels: set[str] = set()
@@ -181,7 +181,7 @@ class Runner:
     def serve(self) -> dict:
         """Answer the judge until it says finish; an exception of the candidate's is an answer too."""
         handlers = {"arena": self.take_arena, "import": self.import_candidate, "call": self.call,
-                    "go": self.go, "collect": self.collect, "log": self.log,
+                    "go": self.go, "log": self.log,
                     "copy_parameters": self.copy_parameters, "finish": self.finish}
         with torch.no_grad():
             while True:
@@ -266,30 +266,24 @@ class Runner:
         return answer
 
     def go(self, message: dict) -> dict:
-        """A timed call, in two requests, so that the judge reads this process's clocks (its CPU time) while it
-        waits on each: `go` makes the call and answers as it returns, `collect` checks its outputs and hands them
-        over. Every call hands them over, and the judge reads some (the spot checks): a call cannot tell whether
-        it is checked, so work put off until its outputs are read is done in every call, inside the judge's
-        clocks. With `null`, the call is of no model at all: what the harness alone costs, handing over included,
-        asked before the candidate is imported (and on the CPU between its calls too; its outputs made once,
-        ahead: making an output is the model's work, and the reference's)."""
+        """A timed call, and its outputs handed over, in one request: the judge's clocks run from before it writes
+        the inputs to this answer. Every call hands its outputs over, and the judge reads some (the spot checks): a
+        call cannot tell whether it is checked, so work put off until its outputs are read is done in every call,
+        inside the judge's clocks. With `null`, the call is of no model at all: what the harness alone costs,
+        handing over included, asked before the candidate is imported (and on the CPU between its calls too; its
+        outputs made once, ahead: making an output is the model's work, and the reference's)."""
         args = self.arguments(message)
         model = (lambda *a: self.null_outputs) if message.get("null") else self.model
         held = input_spans(args)
         self.labels.add(message["label"])
         events, wall, out = self.timer(model, args, message["label"])
-        self.pending = {"out": out, "held": held}
-        return {"events": events, "wall": wall}
+        return {"events": events, "wall": wall, **self.put_outputs(out, held)}
 
     def log(self, message: dict) -> dict:
         """The kernel log's GPU side on or off, asked between timed calls (the judge's clock of a call excludes it)."""
         if self.kernel_log:
             self.kernel_log.record(bool(message["on"]))
         return {}
-
-    def collect(self, message: dict) -> dict:
-        pending, self.pending = self.pending, None
-        return self.put_outputs(pending["out"], pending["held"])
 
     def put_outputs(self, out, inputs: list[tuple[int, int]]) -> dict:
         """Each output's shape and dtype (what else it is, if not a plain dense tensor on this device), copied into

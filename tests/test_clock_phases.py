@@ -23,8 +23,8 @@ def test_each_calls_phases_add_up_to_the_judges_clock_of_it(tmp_path):
     calls = kept["calls"]["calls"]
     assert {c["label"].split("/")[0] for c in calls} >= {"null", "candidate"}
     for c in calls:
-        assert c["prep"] + c["go"] + c["collect"] == pytest.approx(c["judge"], abs=1e-6), c
-        assert c["timer"] <= c["go"] and c["put"] <= c["collect"], c
+        assert c["prep"] + c["go"] == pytest.approx(c["judge"], abs=1e-6), c
+        assert c["timer"] + c["put"] <= c["go"], c
     assert kept["reported_calls"] >= 10 and set(kept["excess"]) == set(cp.PHASES)
 
 
