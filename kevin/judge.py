@@ -18,7 +18,7 @@ candidate's process (the runner, runner.py) only runs it:
   judge's wall clock agrees within what the harness alone takes, measured on the same runner before the
   candidate was imported, and the GPU time of whatever the runner ran between its timed calls beyond the
   harness's own copies is added to them; and no call is paid as faster than the judge's own clock saw it take,
-  less the harness alone's time on the same inputs and what the judge saw that vary by (`judges_floor`); every
+  less the harness alone's time and the host's noise around a call (`judges_floor`, `floor_allowance`); every
   other timed call runs under the runner's kernel log, which slows some kernels, and is checked, the others are
   reported, and their time may fall short of the logged calls' kernels by no more than the log costs an honest
   kernel;
@@ -310,7 +310,7 @@ class Judge:
                 self.slowed_reference(calls, clean, seed)
             if why:
                 return self.rejected(why)
-            allowance_ms = floor_allowance(harness["unlogged"])
+            allowance_ms = floor_allowance(candidate)
             candidate, unreported_ms = judges_floor(candidate, observed, harness["seen"], allowance_ms)
         medians = {name: median([ms for _, ms, _ in rows]) for name, rows in {**calls, "candidate": candidate}.items()
                    if name != "timer"}
@@ -474,7 +474,7 @@ class Judge:
             else:
                 unlogged.append(wall_s * 1e3)
         harness = {"wall": min(walls, default=0.0), "cpu": min(cpus, default=0.0),
-                   "seen": median(unlogged) if unlogged else 0.0, "unlogged": unlogged}
+                   "seen": median(unlogged) if unlogged else 0.0}
         warm = self.payload["warmup"]  # the first calls, as the timing's warm-ups, are left out where more follow
         return harness, {name: min(ms[warm:] or ms) for name, ms in clean.items()} if self.cuda and walls else {}
 

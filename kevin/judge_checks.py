@@ -36,12 +36,13 @@ HARNESS_SLACK, HARNESS_SLACK_MS, CALL_SLACK = 2.0, 0.1, 0.05
 MAX_OTHER_THREADS = 0.1
 # How much longer than the harness alone the judge's own clock may see a reported GPU call take (medians) beyond the
 # time its CUDA events report, without that being added to it; whatever is hidden from the events beyond it (work on
-# a stream they never wait for, a clock rewritten in the runner's process) is paid. The allowance is what the judge
-# saw its own clock of the harness alone vary by before the candidate was imported (`floor_allowance`): twice the
-# spread of the middle half of those calls, plus FLOOR_SLACK_MS (an honest launch's few µs), and never more than
-# FLOOR_CAP_MS, the noise of two processes' medians on a busy host (18 honest kernels on an H100, judged while the
-# other candidates built on all of its 16 cores, were seen -0.52 to +0.22 ms beyond their events).
-FLOOR_SLACK_MS, FLOOR_CAP_MS = 0.01, 0.3
+# a stream they never wait for, a clock rewritten in the runner's process) is paid. It is the host's noise around a
+# call, which no calibration taken before the import predicts (`bench/clock_phases.py`): the GPU's share of a call
+# agrees to within a few µs, but the runner's Python around it ran 0.1-0.2 ms longer around an honest kernel than
+# around no model, and a kernel's median moved by up to 0.25 ms from one evaluation to the next. On an H100, honest
+# kernels judged alone and while others built on all 16 cores were seen -0.52 to +0.31 ms beyond their events, and a
+# 15 ms matmul 0.38 ms: FLOOR_ALLOWANCE_MS, plus FLOOR_SHARE of the call's reported time.
+FLOOR_ALLOWANCE_MS, FLOOR_SHARE = 0.3, 0.02
 # GPU time the runner may spend between two timed calls beyond the harness's own (copying the outputs out, as
 # measured in the calls with no model): times, plus. What is more is the candidate's, added to each call's time.
 BETWEEN_SLACK, BETWEEN_SLACK_MS = 1.1, 0.002
@@ -247,8 +248,8 @@ def log_dodging(logged: list, reported: list, windows: dict) -> str | None:
 
 def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str | None:
     """Why the runner's reported times are shorter than what the judge saw, if they are: each call's wall
-    clock here (from before its inputs are written to the answer to `collect`) less the reported time is what the harness took around it; in
-    the least of the calls it may exceed the least of the clean harness-alone calls (their outputs handed over
+    clock here (from before its inputs are written to the answer that hands its outputs over) less the reported time
+    is what the harness took around it; in the least of the calls it may exceed the least of the clean harness-alone calls (their outputs handed over
     as every call's are) by HARNESS_SLACK times plus HARNESS_SLACK_MS, plus CALL_SLACK of its own time. A clock
     faked to read short, or work put off until the outputs are handed over, leaves the whole difference
     unexplained."""
@@ -260,16 +261,11 @@ def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str |
     return None
 
 
-def floor_allowance(harness_ms: list[float]) -> float:
-    """How far beyond its reported time the judge may see a call (`judges_floor`) before the rest is paid, in ms:
-    from its clock of the harness alone (`harness_ms`, calls of no model before the candidate was imported, which
-    nothing of the candidate's could shape), twice the spread of their middle half plus FLOOR_SLACK_MS, at most
-    FLOOR_CAP_MS. On a quiet host a few µs; on a busy one the noise the judge's medians carry there."""
-    calls = sorted(harness_ms)
-    if len(calls) < 4:
-        return FLOOR_CAP_MS
-    spread = calls[3 * len(calls) // 4] - calls[len(calls) // 4]
-    return min(FLOOR_CAP_MS, FLOOR_SLACK_MS + 2 * spread)
+def floor_allowance(reported: list) -> float:
+    """How far beyond their reported time the judge may see the `reported` calls take (`judges_floor`) before the
+    rest is paid, in ms: FLOOR_ALLOWANCE_MS plus FLOOR_SHARE of their median. Hidden work can gain no more than that:
+    a share of the call, and a fraction of a millisecond."""
+    return FLOOR_ALLOWANCE_MS + FLOOR_SHARE * median([ms for _, ms, _ in reported]) if reported else FLOOR_ALLOWANCE_MS
 
 
 def judges_floor(reported: list, observed: dict, harness_ms: float, allowance_ms: float) -> tuple[list, float]:

@@ -275,17 +275,15 @@ def test_a_median_is_known_within_a_share_once_its_order_statistics_are_that_clo
     assert not checks.median_known_within([0.0] * 10, 0.01)
 
 
-def test_the_floors_allowance_is_what_the_harness_alone_was_seen_to_vary_by():
-    """Calls of no model within 2 µs of each other allow a few µs; a host whose calls vary by 0.1 ms in their middle
-    half allows twice that; one outlier call moves it not at all; a busy host allows no more than the cap, and too
-    few calls to tell allow the cap."""
-    quiet = [0.400 + 0.0002 * i for i in range(10)]
-    assert checks.floor_allowance(quiet) == pytest.approx(checks.FLOOR_SLACK_MS + 2 * 0.0010, abs=1e-9)
-    assert checks.floor_allowance(quiet[:-1] + [5.0]) == pytest.approx(checks.floor_allowance(quiet))
-    noisy = [0.4, 0.4, 0.4, 0.45, 0.45, 0.5, 0.5, 0.5, 0.5, 0.5]
-    assert checks.floor_allowance(noisy) == pytest.approx(checks.FLOOR_SLACK_MS + 2 * 0.1)
-    assert checks.floor_allowance([0.1 * i for i in range(10)]) == checks.FLOOR_CAP_MS
-    assert checks.floor_allowance([0.4, 0.4, 0.4]) == checks.FLOOR_CAP_MS
+def test_the_floors_allowance_is_a_fraction_of_a_millisecond_and_a_share_of_the_call():
+    """A short call may be seen beyond its reported time by the fixed allowance, a long one by a share of its
+    median reported time more; no reported calls allow the fixed part alone."""
+    short = [(f"candidate/{i}", 0.1, 0.15) for i in range(5)]
+    assert checks.floor_allowance(short) == pytest.approx(checks.FLOOR_ALLOWANCE_MS + checks.FLOOR_SHARE * 0.1)
+    long = [(f"candidate/{i}", ms, ms) for i, ms in enumerate([15.0, 15.0, 15.2, 14.8, 90.0])]
+    assert checks.floor_allowance(long) == pytest.approx(checks.FLOOR_ALLOWANCE_MS + checks.FLOOR_SHARE * 15.0)
+    assert checks.floor_allowance([]) == checks.FLOOR_ALLOWANCE_MS
+    assert checks.FLOOR_ALLOWANCE_MS < 0.5 and checks.FLOOR_SHARE <= 0.03
 
 
 def test_moved_inputs_are_the_same_for_the_same_seed_and_leave_labels_and_indices_alone():
