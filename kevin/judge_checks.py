@@ -39,10 +39,12 @@ MAX_OTHER_THREADS = 0.1
 # a stream they never wait for, a clock rewritten in the runner's process) is paid. It is the host's noise around a
 # call, which no calibration taken before the import predicts (`bench/clock_phases.py`): the GPU's share of a call
 # agrees to within a few µs, but the runner's Python around it ran 0.1-0.2 ms longer around an honest kernel than
-# around no model, and a kernel's median moved by up to 0.25 ms from one evaluation to the next. On an H100, honest
-# kernels judged alone and while others built on all 16 cores were seen -0.52 to +0.31 ms beyond their events, and a
-# 15 ms matmul 0.38 ms: FLOOR_ALLOWANCE_MS, plus FLOOR_SHARE of the call's reported time.
-FLOOR_ALLOWANCE_MS, FLOOR_SHARE = 0.3, 0.02
+# around no model, more on a slower host, and a kernel's median moved by up to 0.25 ms from one evaluation to the
+# next. Over four runs on H100s, honest kernels judged alone and among builds on all 16 cores were seen up to 0.47 ms
+# beyond their events (a 0.38 ms ReLU), and a 15 ms matmul 0.47 ms: FLOOR_ALLOWANCE_MS, plus FLOOR_SHARE of the
+# call's reported time. Work hidden from the events alone is bounded by the kernel log besides (`log_dodging`); the
+# floor is what is left against a process that rewrites the native code behind both.
+FLOOR_ALLOWANCE_MS, FLOOR_SHARE = 0.5, 0.02
 # GPU time the runner may spend between two timed calls beyond the harness's own (copying the outputs out, as
 # measured in the calls with no model): times, plus. What is more is the candidate's, added to each call's time.
 BETWEEN_SLACK, BETWEEN_SLACK_MS = 1.1, 0.002
