@@ -249,12 +249,12 @@ def log_dodging(logged: list, reported: list, windows: dict) -> str | None:
 
 
 def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str | None:
-    """Why the runner's reported times are shorter than what the judge saw, if they are: each call's wall
-    clock here (from before its inputs are written to the answer that hands its outputs over) less the reported time
-    is what the harness took around it; in the least of the calls it may exceed the least of the clean harness-alone calls (their outputs handed over
-    as every call's are) by HARNESS_SLACK times plus HARNESS_SLACK_MS, plus CALL_SLACK of its own time. A clock
-    faked to read short, or work put off until the outputs are handed over, leaves the whole difference
-    unexplained."""
+    """Why the runner's reported times are shorter than what the judge saw, if they are: each call's wall clock here
+    (from before its inputs are written to the answer that hands its outputs over) less the reported time is what
+    the harness took around it; in the least of the calls it may exceed the least of the clean harness-alone calls
+    (their outputs handed over as every call's are) by HARNESS_SLACK times plus HARNESS_SLACK_MS, plus CALL_SLACK of
+    its own time. A clock faked to read short, or work put off until the outputs are handed over, leaves the whole
+    difference unexplained."""
     gaps = [observed[label][0] * 1e3 - (1 + CALL_SLACK) * ms for label, ms, _ in candidate if label in observed]
     allowed = HARNESS_SLACK * harness_ms + HARNESS_SLACK_MS
     if gaps and min(gaps) > allowed:
@@ -265,8 +265,8 @@ def unobserved_time(candidate: list, observed: dict, harness_ms: float) -> str |
 
 def floor_allowance(reported: list) -> float:
     """How far beyond their reported time the judge may see the `reported` calls take (`judges_floor`) before the
-    rest is paid, in ms: FLOOR_ALLOWANCE_MS plus FLOOR_SHARE of their median. Hidden work can gain no more than that:
-    a share of the call, and a fraction of a millisecond."""
+    rest is paid, in ms: FLOOR_ALLOWANCE_MS plus FLOOR_SHARE of their median. Hidden work gains no more than that
+    (the host's noise around a call, above), and the reported calls cannot raise it by more than they cost."""
     return FLOOR_ALLOWANCE_MS + FLOOR_SHARE * median([ms for _, ms, _ in reported]) if reported else FLOOR_ALLOWANCE_MS
 
 
