@@ -1,11 +1,12 @@
 """How far evaluate.py's speedups are from a clean measurement of the same kernels, in one run on one machine.
 
 For every kernel of solutions/<device>/ (and of --extra folders) whose name says `correct`:
+  alone   `evaluate.evaluate` on these kernels only;
   clean   a bare process per kernel: the task's Model and the candidate's ModelNew built under the same seed,
           no profiler, no checks, no sandbox; the two called in turn on one draw of inputs, each call after the
           L2 flushed by zeroing 512 MB, timed by CUDA events around the call alone, median of --calls (as
-          KernelBench's cuda_event method; on the CPU the wall clock around the call);
-  alone   `evaluate.evaluate` on these kernels only;
+          KernelBench's cuda_event method; on the CPU the wall clock around the call); its load_inline loads the
+          library `alone` built for the same arguments, so that both time one binary and nothing is built twice;
   batch   `evaluate.evaluate` on them inside every other candidate of the same folders: faults, hanging
           kernels, tricks and their builds beside them.
 It prints a row per kernel (clean speedup; evaluate's, alone and in the batch, as a ratio to the clean one;
@@ -24,19 +25,31 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def clean_times(task: str, candidate: str, device: str, calls: int, threads: int) -> dict:
+def clean_times(task: str, candidate: str, device: str, calls: int, threads: int, builds: str | None = None) -> dict:
     """In this (fresh) process: the median milliseconds of the reference and the candidate, called in turn, torch
-    on as many threads as the evaluator gives it."""
+    on as many threads as the evaluator gives it; with `builds` (an evaluator's build folder), the candidate's
+    extensions are the libraries built there, found as the evaluator finds them, and none is built here."""
     import torch
 
     from kevin.harness import import_file
 
+    if builds:
+        from kevin.build_cache import extension_key, load_from_cache
+
+        arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if device.startswith("cuda") else ""
+
+        def built(arguments: dict) -> dict:
+            digest, arguments = extension_key(arguments, arch)
+            library = Path(builds) / digest / f"{arguments['name']}.so"
+            return {"library": str(library), "name": arguments["name"]} if library.exists() else \
+                {"error": f"the evaluator built no {library.name} in {builds}"}
+
+        load_from_cache(built)
     torch.set_num_threads(threads)
     module, new = import_file(task, "task"), import_file(candidate, "candidate")
     dev = torch.device(device)
@@ -72,15 +85,14 @@ def clean_times(task: str, candidate: str, device: str, calls: int, threads: int
     return {name: statistics.median(ms) for name, ms in times.items()}
 
 
-def clean(record: dict, device: str, calls: int, threads: int, extensions: str) -> dict:
-    """clean_times in a bare process of its own (its extension built into `extensions`, shared by all)."""
+def clean(record: dict, device: str, calls: int, threads: int, builds: str) -> dict:
+    """clean_times in a bare process of its own, on the libraries built in `builds`."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(record["code"])
     try:
         command = [sys.executable, __file__, "--clean", record["task_path"], f.name, "--device", device,
-                   "--calls", str(calls), "--threads", str(threads)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                              env={**os.environ, "TORCH_EXTENSIONS_DIR": extensions})
+                   "--calls", str(calls), "--threads", str(threads), "--builds", builds]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     finally:
         os.unlink(f.name)
     if done.returncode:
@@ -103,13 +115,15 @@ def main():
     p.add_argument("--threads", type=int, default=None, help="torch's threads in the clean measurement (default: "
                    "the evaluator's --cpu-threads)")
     p.add_argument("--clean", nargs=2, metavar=("TASK", "CANDIDATE"), help=argparse.SUPPRESS)  # one bare process
+    p.add_argument("--builds", help=argparse.SUPPRESS)  # and the evaluator's build folder it loads from
     args = p.parse_args()
     if args.clean:
-        print(json.dumps(clean_times(*args.clean, args.device, args.calls, args.threads)))
+        print(json.dumps(clean_times(*args.clean, args.device, args.calls, args.threads, args.builds)))
         return
 
     from kevin import evaluator as ev
 
+    from kevin.eval_children import cuda_arch_list
     from kevin.eval_records import library_records
 
     from kevin.tasks import index_tasks
@@ -131,13 +145,12 @@ def main():
     device = gpus[0] if kind == "cuda" else "cpu"
     print(f"{len(honest)} honest kernels, a batch of {len(everything)}, on {device}", file=sys.stderr)
 
-    with tempfile.TemporaryDirectory() as extensions:
-        with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:  # build each extension once, in parallel
-            list(pool.map(lambda r: clean(r, device, 1, threads, extensions), honest))
-        cleaned = [clean(r, device, args.calls, threads, extensions) for r in honest]  # then timed one at a time
+    if kind == "cuda":  # the architectures the evaluator's builds are keyed by, which the clean processes look up
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", cuda_arch_list() or "")
     cfg = ev.EvalConfig(device=kind, tasks=task_folder, gpus=[int(device.split(":")[1])] if kind == "cuda" else None,
                         cpu_threads=threads, run_timeout_s=args.run_timeout_s, progress=False)
     alone = ev.evaluate(honest, cfg)
+    cleaned = [clean(r, device, args.calls, threads, cfg.build_dir) for r in honest]  # one at a time
     batch = {id(r): e for r, e in zip(everything, ev.evaluate(everything, cfg))} if args.batch else {}
     rows = []
     for r, c, a in zip(honest, cleaned, alone):

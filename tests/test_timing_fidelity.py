@@ -10,11 +10,27 @@ import timing_fidelity as tf  # noqa: E402
 
 
 @pytest.mark.slow
-def test_the_clean_measurement_times_both_models_of_a_real_candidate():
-    times = tf.clean_times(str(ROOT / "tests" / "tasks" / "level1" / "7_ReLU.py"),
-                           str(ROOT / "solutions" / "cpu" / "level1" / "7_ReLU.correct_loop.py"), "cpu", 5, 1)
-    assert set(times) == {"reference", "candidate"}
+def test_the_clean_measurement_times_both_models_on_the_library_the_evaluator_built(tmp_path):
+    """The clean process loads the extension the evaluator built (the same binary) and builds nothing: with the
+    evaluator's folder it times both models; with an empty one it says which library is missing."""
+    from kevin import evaluator as ev
+
+    solution = ROOT / "solutions" / "cpu" / "level1" / "7_ReLU.correct_loop.py"
+    record = {"task": "level1/7_ReLU", "code": solution.read_text(),
+              "task_path": str(ROOT / "tests" / "tasks" / "level1" / "7_ReLU.py")}
+    builds = tmp_path / "builds"
+    cfg = ev.EvalConfig(device="cpu", tasks=str(ROOT / "tests" / "tasks"), build_dir=str(builds), progress=False)
+    assert ev.evaluate([record], cfg)[0]["status"] == "correct"
+    built = sorted(builds.rglob("*"))
+
+    times = tf.clean(record, "cpu", 5, 1, str(builds))
+    assert set(times) == {"reference", "candidate"}, times
     assert all(0 < ms < 1000 for ms in times.values()), times
+    assert sorted(builds.rglob("*")) == built  # nothing built or written there
+
+    (tmp_path / "empty").mkdir()
+    missing = tf.clean(record, "cpu", 5, 1, str(tmp_path / "empty"))
+    assert "the evaluator built no" in missing["error"] and ".so" in missing["error"], missing
 
 
 def test_the_table_gives_each_ratio_and_the_worst(capsys):
