@@ -30,26 +30,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def clean_times(task: str, candidate: str, device: str, calls: int, threads: int, builds: str | None = None) -> dict:
+def clean_times(task: str, candidate: str, device: str, calls: int, threads: int, builds: str, arch: str) -> dict:
     """In this (fresh) process: the median milliseconds of the reference and the candidate, called in turn, torch
-    on as many threads as the evaluator gives it; with `builds` (an evaluator's build folder), the candidate's
-    extensions are the libraries built there, found as the evaluator finds them, and none is built here."""
+    on as many threads as the evaluator gives it; the candidate's extensions are the libraries an evaluator built
+    in `builds` for the architectures `arch`, found as it finds them, and none is built here."""
     import torch
 
+    from kevin.build_cache import library_path, load_from_cache
     from kevin.harness import import_file
 
-    if builds:
-        from kevin.build_cache import extension_key, load_from_cache
+    def built(arguments: dict) -> dict:
+        _, arguments, library = library_path(Path(builds), arguments, arch)
+        return {"library": str(library), "name": arguments["name"]} if library.exists() else \
+            {"error": f"the evaluator built no {library.name} in {builds}"}
 
-        arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if device.startswith("cuda") else ""
-
-        def built(arguments: dict) -> dict:
-            digest, arguments = extension_key(arguments, arch)
-            library = Path(builds) / digest / f"{arguments['name']}.so"
-            return {"library": str(library), "name": arguments["name"]} if library.exists() else \
-                {"error": f"the evaluator built no {library.name} in {builds}"}
-
-        load_from_cache(built)
+    load_from_cache(built)
     torch.set_num_threads(threads)
     module, new = import_file(task, "task"), import_file(candidate, "candidate")
     dev = torch.device(device)
@@ -85,13 +80,13 @@ def clean_times(task: str, candidate: str, device: str, calls: int, threads: int
     return {name: statistics.median(ms) for name, ms in times.items()}
 
 
-def clean(record: dict, device: str, calls: int, threads: int, builds: str) -> dict:
-    """clean_times in a bare process of its own, on the libraries built in `builds`."""
+def clean(record: dict, device: str, calls: int, threads: int, builds: str, arch: str) -> dict:
+    """clean_times in a bare process of its own, on the libraries built in `builds` for `arch`."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(record["code"])
     try:
         command = [sys.executable, __file__, "--clean", record["task_path"], f.name, "--device", device,
-                   "--calls", str(calls), "--threads", str(threads), "--builds", builds]
+                   "--calls", str(calls), "--threads", str(threads), "--builds", builds, "--arch", arch]
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     finally:
         os.unlink(f.name)
@@ -115,15 +110,16 @@ def main():
     p.add_argument("--threads", type=int, default=None, help="torch's threads in the clean measurement (default: "
                    "the evaluator's --cpu-threads)")
     p.add_argument("--clean", nargs=2, metavar=("TASK", "CANDIDATE"), help=argparse.SUPPRESS)  # one bare process
-    p.add_argument("--builds", help=argparse.SUPPRESS)  # and the evaluator's build folder it loads from
+    p.add_argument("--builds", help=argparse.SUPPRESS)  # the evaluator's build folder it loads from,
+    p.add_argument("--arch", default="", help=argparse.SUPPRESS)  # and the architectures its builds are keyed by
     args = p.parse_args()
     if args.clean:
-        print(json.dumps(clean_times(*args.clean, args.device, args.calls, args.threads, args.builds)))
+        print(json.dumps(clean_times(*args.clean, args.device, args.calls, args.threads, args.builds, args.arch)))
         return
 
     from kevin import evaluator as ev
 
-    from kevin.eval_children import cuda_arch_list
+    from kevin.eval_children import child_settings
     from kevin.eval_records import library_records
 
     from kevin.tasks import index_tasks
@@ -145,12 +141,11 @@ def main():
     device = gpus[0] if kind == "cuda" else "cpu"
     print(f"{len(honest)} honest kernels, a batch of {len(everything)}, on {device}", file=sys.stderr)
 
-    if kind == "cuda":  # the architectures the evaluator's builds are keyed by, which the clean processes look up
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", cuda_arch_list() or "")
+    arch = child_settings(kind, [], {})["run"].env.get("TORCH_CUDA_ARCH_LIST", "")  # as the evaluator keys builds
     cfg = ev.EvalConfig(device=kind, tasks=task_folder, gpus=[int(device.split(":")[1])] if kind == "cuda" else None,
                         cpu_threads=threads, run_timeout_s=args.run_timeout_s, progress=False)
     alone = ev.evaluate(honest, cfg)
-    cleaned = [clean(r, device, args.calls, threads, cfg.build_dir) for r in honest]  # one at a time
+    cleaned = [clean(r, device, args.calls, threads, cfg.build_dir, arch) for r in honest]  # one at a time
     batch = {id(r): e for r, e in zip(everything, ev.evaluate(everything, cfg))} if args.batch else {}
     rows = []
     for r, c, a in zip(honest, cleaned, alone):

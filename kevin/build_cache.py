@@ -132,6 +132,12 @@ def extension_key(arguments: dict, arch: str) -> tuple[str, dict]:
     return digest, arguments
 
 
+def library_path(root: Path, arguments: dict, arch: str) -> tuple[str, dict, Path]:
+    """(`extension_key`'s digest and arguments, and where the extension's library is) in the cache at `root`."""
+    digest, arguments = extension_key(arguments, arch)
+    return digest, arguments, root / digest / f"{arguments['name']}.so"
+
+
 def refused_argument(arguments: dict) -> str | None:
     """Why load_inline's arguments, as the build takes them (`extension_key`), cannot be built: one line naming the
     argument, for the candidate's feedback; None where they can. The name, the flags and the include paths are
@@ -299,13 +305,12 @@ class BuildCache:
 
     def request(self, arguments: dict) -> dict:
         """{'library': path, 'name': module name}, {'error': the compiler's message} or {'timeout': True}."""
-        digest, arguments = extension_key(arguments, self.arch)
+        digest, arguments, library = library_path(self.root, arguments, self.arch)
         refused = refused_argument(arguments)
         if refused:  # before anything is compiled
             name = arguments["name"] if str(arguments["name"]).isidentifier() else "extension"
             return {"error": f"Error building extension '{name}': {refused}"}
-        folder = self.root / digest
-        library = folder / f"{arguments['name']}.so"
+        folder = library.parent
         with self.guard:
             lock = self.locks.setdefault(digest, threading.Lock())
         if lock.acquire(blocking=False):

@@ -23,13 +23,13 @@ def test_the_clean_measurement_times_both_models_on_the_library_the_evaluator_bu
     assert ev.evaluate([record], cfg)[0]["status"] == "correct"
     built = sorted(builds.rglob("*"))
 
-    times = tf.clean(record, "cpu", 5, 1, str(builds))
+    times = tf.clean(record, "cpu", 5, 1, str(builds), "")
     assert set(times) == {"reference", "candidate"}, times
     assert all(0 < ms < 1000 for ms in times.values()), times
     assert sorted(builds.rglob("*")) == built  # nothing built or written there
 
     (tmp_path / "empty").mkdir()
-    missing = tf.clean(record, "cpu", 5, 1, str(tmp_path / "empty"))
+    missing = tf.clean(record, "cpu", 5, 1, str(tmp_path / "empty"), "")
     assert "the evaluator built no" in missing["error"] and ".so" in missing["error"], missing
 
 
