@@ -7,9 +7,12 @@ For every kernel of solutions/<device>/ (and of --extra folders) whose name says
           L2 flushed by zeroing 512 MB, timed by CUDA events around the call alone, median of --calls (as
           KernelBench's cuda_event method; on the CPU the wall clock around the call); its load_inline loads the
           library `alone` built for the same arguments, so that both time one binary and nothing is built twice;
+  again   the clean measurement once more, in another bare process after all the first ones: how far two clean
+          measurements of one kernel are apart, the least that any comparison between processes can show;
   batch   `evaluate.evaluate` on them inside every other candidate of the same folders: faults, hanging
           kernels, tricks and their builds beside them.
-It prints a row per kernel (clean speedup; evaluate's, alone and in the batch, as a ratio to the clean one;
+It prints a row per kernel (clean speedup; the second clean one's and evaluate's, alone and in the batch, as a
+ratio to the clean one;
 the candidate's and the reference's times as ratios too, which tell the side a bias is on) and the median
 and worst ratios, and writes every number to --out.
 
@@ -107,6 +110,8 @@ def main():
                    help="also judge the honest kernels inside the whole batch (--no-batch: alone only)")
     p.add_argument("--run-timeout-s", type=float, default=60.0,
                    help="the evaluator's limit per candidate (the batch's hanging kernel holds the GPU this long)")
+    p.add_argument("--match", default="", help="only the honest kernels whose name holds this text (the batch "
+                   "keeps every candidate)")
     p.add_argument("--threads", type=int, default=None, help="torch's threads in the clean measurement (default: "
                    "the evaluator's --cpu-threads)")
     p.add_argument("--clean", nargs=2, metavar=("TASK", "CANDIDATE"), help=argparse.SUPPRESS)  # one bare process
@@ -135,7 +140,7 @@ def main():
         records = with_tasks_from(library_records(folder), tasks, ROOT / "tests" / "adversarial" / "tasks")
         everything += records
         honest += [r for r in records if r["solution"].split(".", 1)[1].startswith("correct_")
-                   and (folder == folders[0] or "honest-twin" in r["solution"])]
+                   and (folder == folders[0] or "honest-twin" in r["solution"]) and args.match in r["solution"]]
     for r in honest:
         r["task_path"] = str(tasks[r["task"]]) if r["task"] in tasks else r["task"]
     device = gpus[0] if kind == "cuda" else "cpu"
@@ -145,13 +150,18 @@ def main():
     cfg = ev.EvalConfig(device=kind, tasks=task_folder, gpus=[int(device.split(":")[1])] if kind == "cuda" else None,
                         cpu_threads=threads, run_timeout_s=args.run_timeout_s, progress=False)
     alone = ev.evaluate(honest, cfg)
-    cleaned = [clean(r, device, args.calls, threads, cfg.build_dir, arch) for r in honest]  # one at a time
+    cleaned, again = ([clean(r, device, args.calls, threads, cfg.build_dir, arch) for r in honest]  # one at a time
+                      for _ in range(2))
     batch = {id(r): e for r, e in zip(everything, ev.evaluate(everything, cfg))} if args.batch else {}
     rows = []
-    for r, c, a in zip(honest, cleaned, alone):
-        row = {"kernel": r["solution"], "clean": c, "alone": summary(a), "batch": summary(batch.get(id(r), {}))}
+    for r, c, c2, a in zip(honest, cleaned, again, alone):
+        row = {"kernel": r["solution"], "clean": c, "again": c2, "alone": summary(a),
+               "batch": summary(batch.get(id(r), {}))}
         if "error" not in c:
             row["clean"]["speedup"] = c["reference"] / c["candidate"]
+            if "error" not in c2:
+                c2["speedup"] = c2["reference"] / c2["candidate"]
+                c2["ratio"] = c2["speedup"] / c["speedup"]
             for side in ("alone", "batch"):
                 e = row[side]
                 if e["speedup"]:
@@ -173,19 +183,21 @@ def report(rows: list[dict]) -> None:
     def cell(e: dict, key: str) -> str:
         return f"{e[key]:.3f}" if e.get(key) else e.get("status", "-")
 
-    print("| kernel | clean speedup | alone / clean | batch / clean | candidate ms alone / clean | "
-          "reference ms alone / clean |\n|---|---|---|---|---|---|")
+    print("| kernel | clean speedup | again / clean | alone / clean | batch / clean | candidate ms alone / clean | "
+          "reference ms alone / clean |\n|---|---|---|---|---|---|---|")
     for row in rows:
         c, a, b = row["clean"], row["alone"], row["batch"]
         clean_cell = f"{c['speedup']:.3f}" if "speedup" in c else c.get("error", "-")
-        print(f"| {row['kernel']} | {clean_cell} | {cell(a, 'ratio')} | {cell(b, 'ratio')} | "
-              f"{cell(a, 'candidate_ratio')} | {cell(a, 'reference_ratio')} |")
-    for side in ("alone", "batch"):
+        print(f"| {row['kernel']} | {clean_cell} | {cell(row['again'], 'ratio')} | {cell(a, 'ratio')} | "
+              f"{cell(b, 'ratio')} | {cell(a, 'candidate_ratio')} | {cell(a, 'reference_ratio')} |")
+    for side in ("again", "alone", "batch"):
         ratios = [row[side]["ratio"] for row in rows if row[side].get("ratio")]
         if ratios:
             worst = max(ratios, key=lambda x: abs(x - 1))
             print(f"{side}: median ratio {statistics.median(ratios):.3f}, worst {worst:.3f}, "
                   f"within 3%: {sum(abs(x - 1) <= 0.03 for x in ratios)}/{len(ratios)}")
+        if side == "again":  # two clean processes: no judge's clock to report
+            continue
         for key, what in (("unreported_ms", "the judge's clock beyond the events"),
                           ("floor_allowance_ms", "the floor's allowance")):
             micros = sorted(row[side][key] * 1e3 for row in rows if row[side].get(key) is not None)

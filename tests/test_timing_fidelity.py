@@ -34,23 +34,25 @@ def test_the_clean_measurement_times_both_models_on_the_library_the_evaluator_bu
 
 
 def test_the_table_gives_each_ratio_and_the_worst(capsys):
-    rows = [{"kernel": "level1/7_ReLU.correct_loop", "clean": {"speedup": 2.0},
+    """Beside evaluate's ratios, the second clean process's: how far apart two clean measurements are."""
+    rows = [{"kernel": "level1/7_ReLU.correct_loop", "clean": {"speedup": 2.0}, "again": {"speedup": 2.1, "ratio": 1.05},
              "alone": {"status": "correct", "ratio": 0.9, "candidate_ratio": 1.1, "reference_ratio": 1.0},
              "batch": {"status": "correct", "ratio": 0.8}},
             {"kernel": "level1/9_Swish.correct_fused", "clean": {"error": "ImportError: x"},
-             "alone": {"status": "compile_error"}, "batch": {"status": "compile_error"}}]
+             "again": {"error": "ImportError: x"}, "alone": {"status": "compile_error"}, "batch": {"status": "compile_error"}}]
     tf.report(rows)
     out = capsys.readouterr().out.splitlines()
-    assert out[2] == "| level1/7_ReLU.correct_loop | 2.000 | 0.900 | 0.800 | 1.100 | 1.000 |"
-    assert out[3] == "| level1/9_Swish.correct_fused | ImportError: x | compile_error | compile_error | " \
+    assert out[2] == "| level1/7_ReLU.correct_loop | 2.000 | 1.050 | 0.900 | 0.800 | 1.100 | 1.000 |"
+    assert out[3] == "| level1/9_Swish.correct_fused | ImportError: x | - | compile_error | compile_error | " \
                      "compile_error | compile_error |"
-    assert out[4] == "alone: median ratio 0.900, worst 0.900, within 3%: 0/1"
+    assert out[4] == "again: median ratio 1.050, worst 1.050, within 3%: 0/1"
+    assert out[5] == "alone: median ratio 0.900, worst 0.900, within 3%: 0/1"
 
 
 def test_the_report_gives_the_floors_distribution_and_names_the_kernels_it_charged(capsys):
     """Beside the ratios: how far beyond its events the judge saw each honest kernel's calls, the allowance each
     was given, and which of them were charged for it (seen beyond the allowance)."""
-    rows = [{"kernel": name, "clean": {"speedup": 1.0}, "batch": {},
+    rows = [{"kernel": name, "clean": {"speedup": 1.0}, "again": {}, "batch": {},
              "alone": {"status": "correct", "ratio": 1.0, "unreported_ms": seen, "floor_allowance_ms": allowed}}
             for name, seen, allowed in (("a", 0.004, 0.012), ("b", 0.030, 0.015), ("c", -0.002, 0.011))]
     tf.report(rows)
