@@ -40,7 +40,7 @@ def clean_times(task: str, candidate: str, device: str, calls: int, threads: int
     import torch
 
     from kevin.build_cache import library_path, load_from_cache
-    from kevin.harness import import_file
+    from kevin.harness import flush_buffer, import_file
 
     def built(arguments: dict) -> dict:
         _, arguments, library = library_path(Path(builds), arguments, arch)
@@ -58,7 +58,7 @@ def clean_times(task: str, candidate: str, device: str, calls: int, threads: int
     torch.manual_seed(0)
     with dev:
         inputs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
-    flush = torch.empty(512 * 2**20 // 4, dtype=torch.int32, device=dev) if dev.type == "cuda" else None
+    flush = flush_buffer(dev)  # the evaluator's own: the same bytes flushed on both sides
 
     def once(fn) -> float:
         if flush is None:
